@@ -1,0 +1,1 @@
+"""Signoff's four services and its command line."""

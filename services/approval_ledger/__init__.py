@@ -1,0 +1,1 @@
+"""approval-ledger: the single owner of Signoff's state."""

@@ -1,0 +1,72 @@
+"""Engines and migrations for the ledger, built from settings at start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+from shared.settings import Settings
+
+log = logging.getLogger("signoff.database")
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# Any constant will do; it keeps two services from migrating one schema at once.
+MIGRATION_LOCK = 0x5160FF
+
+
+def create_engine(settings: Settings, *, pool_size: int = 10) -> AsyncEngine:
+    url = settings.ledger_url
+    if settings.is_postgres:
+        connect_args = {}
+        if settings.database_schema:
+            connect_args["server_settings"] = {"search_path": settings.database_schema}
+        return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args)
+    Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+    # One connection: SQLite has one writer at a time anyway, and queueing in
+    # the pool is kinder than "database is locked".
+    engine = create_async_engine(url, pool_size=1, max_overflow=0, connect_args={"timeout": 30})
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _pragmas(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    return engine
+
+
+def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+async def migrate(engine: AsyncEngine, settings: Settings) -> None:
+    """Bring the ledger's schema to the newest revision (idempotent, safe to race)."""
+    for attempt in range(5):
+        try:
+            async with engine.begin() as conn:
+                if settings.is_postgres:
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+                    if settings.database_schema:
+                        await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"'))
+                await conn.run_sync(lambda sync_conn: command.upgrade(_alembic_config(sync_conn), "head"))
+            return
+        except Exception as error:
+            if attempt == 4:
+                raise
+            log.warning("migration attempt %d failed (%s); retrying", attempt + 1, error)
+            await asyncio.sleep(0.2 * (attempt + 1))

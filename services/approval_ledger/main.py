@@ -1,0 +1,49 @@
+"""approval-ledger entrypoint: decode each inbound message, call its handler."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from pydantic import TypeAdapter
+
+from shared.catalogue import load_catalogue
+from shared.messages import ModelStepCompleted, RespondToApproval, StartTurn, ToolExecuted
+from shared.runtime import prepare
+from shared.settings import Settings
+
+from . import handlers
+from .database import create_engine, migrate, sessionmaker
+from .handlers import Ledger
+
+ROUTES = (
+    ("turn.start", StartTurn, handlers.start_turn),
+    ("approval.respond", RespondToApproval, handlers.respond_to_approval),
+    ("step.completed", ModelStepCompleted, handlers.model_step_completed),
+    ("tool.completed", ToolExecuted, handlers.tool_executed),
+)
+
+
+def notify_channel(settings: Settings) -> str | None:
+    """The PostgreSQL channel the publisher listens on; SQLite has none (it polls)."""
+    if not settings.is_postgres:
+        return None
+    return f"{settings.namespace}_{settings.database_schema or 'public'}_outbox".replace("-", "_").lower()
+
+
+async def run(settings: Settings) -> None:
+    runtime = prepare(settings, "approval-ledger")
+    engine = create_engine(settings)
+    await migrate(engine, settings)
+    ledger = Ledger(
+        sessions=sessionmaker(engine),
+        topology=runtime.topology,
+        catalogue=load_catalogue(settings.tools_file),
+        default_provider=settings.provider,
+        notify_channel=notify_channel(settings),
+    )
+    for message_type, model, handler in ROUTES:
+        runtime.consume(message_type, TypeAdapter(model), partial(handler, ledger))
+    try:
+        await runtime.serve()
+    finally:
+        await engine.dispose()

@@ -1,0 +1,173 @@
+"""The ledger's tables. The database's own constraints carry the guarantees:
+
+- `inbox.message_id` is the primary key: a message is applied at most once.
+- `closures.call_id` is unique: a tool call has exactly one closure (invariant 3).
+- `approval_requests.call_id` is unique: one request per call, its id never re-minted.
+- `execution_claims.call_id` is the primary key: one claim per call (invariant 4).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+Id = String(64)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    # idle | running | waiting | failed
+    status: Mapped[str] = mapped_column(String(16))
+    provider: Mapped[str] = mapped_column(String(64))
+    # The sequence number of the last event published for this session.
+    event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    transcript_len: Mapped[int] = mapped_column(Integer, default=0)
+    status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Turn(Base):
+    __tablename__ = "turns"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # running | completed | failed
+    status: Mapped[str] = mapped_column(String(16))
+    final_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Step(Base):
+    __tablename__ = "steps"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"))
+    # requested | completed
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class TranscriptRow(Base):
+    __tablename__ = "transcript"
+    __table_args__ = (UniqueConstraint("session_id", "position"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
+    position: Mapped[int] = mapped_column(Integer)
+    # The TranscriptEntry as JSON: role, text, tool calls or the closure it carries.
+    entry: Mapped[dict[str, Any]]
+
+
+class ToolCall(Base):
+    __tablename__ = "tool_calls"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    step_id: Mapped[str] = mapped_column(ForeignKey("steps.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    provider_call_id: Mapped[str] = mapped_column(String(256))
+    tool: Mapped[str] = mapped_column(String(256))
+    arguments: Mapped[dict[str, Any]]
+    args_digest: Mapped[str] = mapped_column(String(100))
+    # awaiting_approval | executing | closed
+    status: Mapped[str] = mapped_column(String(24))
+    idempotency_key: Mapped[str] = mapped_column(Id)
+    created_at: Mapped[datetime]
+
+
+class ApprovalRequest(Base):
+    __tablename__ = "approval_requests"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    call_id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), unique=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # pending | approved | denied | expired | cancelled
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    args_digest: Mapped[str] = mapped_column(String(100))
+    card: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class Decision(Base):
+    __tablename__ = "decisions"
+    request_id: Mapped[str] = mapped_column(ForeignKey("approval_requests.id"), primary_key=True)
+    decision: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    responder: Mapped[str] = mapped_column(String(256))
+    message_id: Mapped[str] = mapped_column(Id)
+    decided_at: Mapped[datetime]
+
+
+class Closure(Base):
+    __tablename__ = "closures"
+    call_id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # output | error | denied | expired | cancelled | outcome_unknown
+    kind: Mapped[str] = mapped_column(String(24))
+    reason_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime]
+
+
+class ProviderAttemptRow(Base):
+    __tablename__ = "provider_attempts"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    step_id: Mapped[str] = mapped_column(ForeignKey("steps.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    # completed | failed | abandoned | discarded
+    status: Mapped[str] = mapped_column(String(16))
+    provider: Mapped[str] = mapped_column(String(64))
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    report_message_id: Mapped[str] = mapped_column(Id)
+    recorded_at: Mapped[datetime]
+
+
+class InboxRow(Base):
+    __tablename__ = "inbox"
+    message_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    message_type: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(Id)
+    received_at: Mapped[datetime]
+
+
+class OutboxRow(Base):
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_unsent", "sent_at", "id"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    message_id: Mapped[str] = mapped_column(Id, unique=True)
+    session_id: Mapped[str] = mapped_column(Id)
+    message_type: Mapped[str] = mapped_column(String(32))
+    exchange: Mapped[str] = mapped_column(String(255))
+    routing_key: Mapped[str] = mapped_column(String(255))
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    sent_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class ExecutionClaim(Base):
+    """The tool-executor's durable claim on a call, taken before the tool runs."""
+
+    __tablename__ = "execution_claims"
+    call_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    idempotency_key: Mapped[str] = mapped_column(Id)
+    # claimed | finished
+    status: Mapped[str] = mapped_column(String(16))
+    holder: Mapped[str] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime]
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    # The ToolExecuted outcome, kept so a redelivery reports it again instead of re-running.
+    outcome: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    claimed_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True)

@@ -1,0 +1,258 @@
+"""What the command line does beyond running services: it acts as a channel
+adapter would, publishing responses to the ledger's queues and reading events,
+and reads the ledger to show sessions and pending requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import aio_pika
+from faststream.rabbit import RabbitBroker
+from sqlalchemy import select
+
+from services.approval_ledger.database import create_engine, migrate, sessionmaker
+from services.approval_ledger.models import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
+from shared.consuming import declare, publish
+from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
+from shared.runtime import Unreachable, _address, check_reachable
+from shared.settings import Settings
+from shared.topology import Topology
+
+
+class Console:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topology = Topology(settings.namespace, settings.delivery_limit)
+        self.engine = create_engine(settings, pool_size=2)
+        self.sessions = sessionmaker(self.engine)
+        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self.channel: aio_pika.abc.AbstractChannel | None = None
+
+    async def __aenter__(self) -> Console:
+        check_reachable(self.settings)
+        try:
+            self.connection = await aio_pika.connect_robust(self.settings.rabbitmq_url)
+        except Exception as error:
+            raise Unreachable("RabbitMQ", _address(self.settings.rabbitmq_url), error) from None
+        self.channel = await self.connection.channel(publisher_confirms=True)
+        self.broker = RabbitBroker(self.settings.rabbitmq_url, log_level=logging.DEBUG)
+        await self.broker.connect()
+        # Declare everything first: a command sent before the ledger's first
+        # start must wait in its queue, not vanish unrouted.
+        await declare(self.broker, self.topology)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.connection:
+            await self.connection.close()
+            await self.broker.stop()
+        await self.engine.dispose()
+
+    async def send(self, message: Envelope) -> None:
+        await publish(self.broker, self.topology, message)
+
+    async def watch(self, session_id: str = "*") -> aio_pika.abc.AbstractQueue:
+        """A private queue of this session's events (bind before acting, so none is missed)."""
+        exchange = await self.channel.declare_exchange(self.topology.events.name, aio_pika.ExchangeType.TOPIC,
+                                                       durable=True)
+        queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(exchange, routing_key=f"#.{session_id}" if session_id != "*" else "#")
+        return queue
+
+    async def request(self, request_id: str) -> ApprovalRequest | None:
+        async with self.sessions() as db:
+            return await db.get(ApprovalRequest, request_id)
+
+    async def respond(self, request_id: str, decision: str, reason: str, message: str, responder: str) -> str:
+        request = await self.request(request_id)
+        if request is None:
+            raise SystemExit(f"signoff: no approval request {request_id}")
+        response = RespondToApproval(
+            session_id=request.session_id, request_id=request.id, decision=decision,
+            args_digest=request.args_digest, reason=reason, message=message, responder=responder,
+        )
+        await self.send(response)
+        return response.message_id
+
+
+def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
+    print(f"  ┌ approval needed: {card['label']}  ({card['tool']}, effect: {card['effect']})")
+    print(f"  │ request:   {request_id}")
+    print(f"  │ target:    {card['target']}")
+    for line in json.dumps(card["arguments"], indent=2, ensure_ascii=False).splitlines():
+        print(f"  │ {line}")
+    print(f"  └ digest:    {digest}")
+
+
+async def migrate_only(settings: Settings) -> int:
+    engine = create_engine(settings, pool_size=1)
+    try:
+        await migrate(engine, settings)
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def start_session(settings: Settings, text: str, session_id: str | None, wait: bool) -> int:
+    session_id = session_id or mint("ses")
+    async with Console(settings) as console:
+        queue = await console.watch(session_id) if wait else None
+        await console.send(StartTurn(session_id=session_id, text=text))
+        print(session_id)
+        if queue is not None:
+            async with queue.iterator() as messages:
+                async for raw in messages:
+                    async with raw.process():
+                        event = EVENT.validate_json(raw.body)
+                        print(f"{event.type}: {event.model_dump_json(exclude={'session_id', 'occurred_at'})}")
+                        if event.type in ("session.waiting", "turn.completed", "turn.failed", "message.rejected"):
+                            break
+    return 0
+
+
+async def show_session(settings: Settings, session_id: str) -> int:
+    engine = create_engine(settings, pool_size=1)
+    try:
+        async with sessionmaker(engine)() as db:
+            session = await db.get(Session, session_id)
+            if session is None:
+                print(f"signoff: no session {session_id}", file=sys.stderr)
+                return 1
+            print(f"session {session.id}: {session.status}")
+            for row in await db.scalars(select(TranscriptRow).where(TranscriptRow.session_id == session_id)
+                                        .order_by(TranscriptRow.position)):
+                entry = row.entry
+                calls = "".join(f"\n      → {c['name']}({json.dumps(c['arguments'])}) [{c['call_id']}]"
+                                for c in entry.get("tool_calls", []))
+                closure = f" [{entry['closure']} for {entry['call_id']}]" if entry.get("closure") else ""
+                print(f"  {row.position:3d} {entry['role']:9s}{closure} {entry.get('text', '')}{calls}")
+            pending = (await db.scalars(select(ApprovalRequest).where(
+                ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending"))).all()
+            for request in pending:
+                print_card(request.id, request.card, request.args_digest)
+            attempts = (await db.scalars(select(ProviderAttemptRow).where(
+                ProviderAttemptRow.session_id == session_id))).all()
+            tokens = sum(a.input_tokens + a.output_tokens for a in attempts)
+            print(f"  provider attempts: {len(attempts)}, tokens: {tokens}")
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def list_pending(settings: Settings, session_id: str | None) -> int:
+    engine = create_engine(settings, pool_size=1)
+    try:
+        async with sessionmaker(engine)() as db:
+            query = select(ApprovalRequest).where(ApprovalRequest.status == "pending").order_by(ApprovalRequest.created_at)
+            if session_id:
+                query = query.where(ApprovalRequest.session_id == session_id)
+            requests = (await db.scalars(query)).all()
+            if not requests:
+                print("no pending approval requests")
+            for request in requests:
+                print(f"session {request.session_id}")
+                print_card(request.id, request.card, request.args_digest)
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def respond(settings: Settings, request_id: str, decision: str, reason: str, message: str,
+                  responder: str) -> int:
+    async with Console(settings) as console:
+        request = await console.request(request_id)
+        if request is not None and request.status != "pending":
+            print(f"signoff: request {request_id} is already {request.status}", file=sys.stderr)
+            return 1
+        message_id = await console.respond(request_id, decision, reason, message, responder)
+        print(f"{decision} sent for {request_id} (message {message_id})")
+    return 0
+
+
+async def dead_letters(settings: Settings) -> int:
+    async with Console(settings) as console:
+        queue = await console.channel.declare_queue(console.topology.dead_letter_queue.name, passive=True)
+        count = 0
+        while (raw := await queue.get(no_ack=False, fail=False)) is not None:
+            count += 1
+            headers = raw.headers or {}
+            print(f"{raw.message_id}: {headers.get('x-signoff-reason')}: {headers.get('x-signoff-detail')}")
+            await raw.reject(requeue=True)
+            if count > 1000:
+                break
+        print(f"{count} dead-lettered message(s) in {console.topology.dead_letter_queue.name}")
+    return 0
+
+
+def demo(settings: Settings) -> int:
+    from services.cli import Supervisor
+
+    supervisor = Supervisor(settings)
+    print(f"signoff: starting the four services (logs in {supervisor.log_dir})…", flush=True)
+    supervisor.start()
+    try:
+        code = asyncio.run(_drive_demo(settings))
+        if code != 0:
+            return code
+        print("\nThe services keep running. In another terminal, with the same environment:")
+        print("  .venv/bin/signoff session start 'Publish the notes for 1.3' --wait   # prints the session id")
+        print("  .venv/bin/signoff pending                                           # shows the approval card")
+        print("  .venv/bin/signoff approve apr_…   (or: signoff deny apr_… --reason '…')")
+        print("  .venv/bin/signoff session show ses_…")
+        print("Ctrl-C stops the services.", flush=True)
+        while True:
+            time.sleep(0.5)
+            supervisor.watch()
+    except KeyboardInterrupt:
+        print("\nsignoff: stopping", flush=True)
+        return 0
+    finally:
+        supervisor.stop()
+
+
+async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.2f}s] {text}", flush=True)
+
+    session_id = mint("ses")
+    async with Console(settings) as console:
+        queue = await console.watch(session_id)
+        say(f"session {session_id}: asking the agent to publish the release notes")
+        await console.send(StartTurn(session_id=session_id, text="Please publish the release notes for version 1.2."))
+        try:
+            async with asyncio.timeout(timeout):
+                async with queue.iterator() as messages:
+                    async for raw in messages:
+                        async with raw.process():
+                            event = EVENT.validate_json(raw.body)
+                        if event.type == "approval.requested":
+                            say("the model asked for a tool that needs approval; the card a person sees:")
+                            print_card(event.request_id, event.card.model_dump(), event.args_digest)
+                            say(f"approving {event.request_id}")
+                            await console.respond(event.request_id, "approve", "", "", "demo")
+                        elif event.type == "session.waiting":
+                            say(f"session is waiting on {', '.join(event.pending_request_ids)}")
+                        elif event.type == "approval.decided":
+                            say(f"decision committed: {event.decision} by {event.responder}")
+                        elif event.type == "tool.closed":
+                            async with console.sessions() as db:
+                                closure = await db.get(Closure, event.call_id)
+                            say(f"tool ran once and closed as {event.kind}: {json.dumps((closure.output or {}).get('value'))}")
+                        elif event.type == "turn.completed":
+                            say(f"final answer: {event.text}")
+                            return 0
+                        elif event.type in ("turn.failed", "message.rejected"):
+                            say(f"{event.type}: {event.reason_text}")
+                            return 1
+        except TimeoutError:
+            print(f"signoff: no answer within {timeout:.0f}s; see the logs in {settings.data_dir / 'logs'}",
+                  file=sys.stderr)
+            return 1
+    return 1

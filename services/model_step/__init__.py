@@ -1,0 +1,1 @@
+"""model-step: calls the model provider; keeps no state of its own."""

@@ -1,0 +1,1 @@
+"""publisher: relays the ledger's committed outbox to RabbitMQ."""

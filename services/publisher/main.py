@@ -1,0 +1,76 @@
+"""publisher entrypoint: relay the outbox, waking on NOTIFY (PostgreSQL) or a short poll (SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+
+import aio_pika
+from sqlalchemy.engine import make_url
+
+from services.approval_ledger.database import create_engine, migrate, sessionmaker
+from services.approval_ledger.main import notify_channel
+from shared.runtime import Unreachable, _address, prepare
+from shared.settings import Settings
+
+from .relay import OutboxRelay
+
+log = logging.getLogger("signoff.publisher")
+# Only one publisher relays a ledger at a time, so per-session order holds with replicas.
+LEADER_LOCK = 0x5160FE
+
+
+async def run(settings: Settings) -> None:
+    runtime = prepare(settings, "publisher")
+    engine = create_engine(settings, pool_size=2)
+    await migrate(engine, settings)
+    try:
+        connection = await aio_pika.connect_robust(settings.rabbitmq_url)
+    except Exception as error:
+        raise Unreachable("RabbitMQ", _address(settings.rabbitmq_url), error) from None
+    wake = asyncio.Event()
+    listener = await _listen(settings, wake) if settings.is_postgres else None
+
+    async def relay_forever() -> None:
+        channel = await connection.channel(publisher_confirms=True)
+        relay = OutboxRelay(sessionmaker(engine), channel, settings.publisher_batch)
+        idle_wait = 1.0 if listener else settings.publisher_poll_seconds
+        while True:
+            wake.clear()
+            try:
+                sent = await relay.relay_once()
+            except (aio_pika.exceptions.AMQPError, ConnectionError, OSError) as error:
+                log.warning("relay failed (%s); retrying", error)
+                await asyncio.sleep(0.5)
+                continue
+            if sent < relay.batch_size:
+                try:
+                    await asyncio.wait_for(wake.wait(), idle_wait)
+                except TimeoutError:
+                    pass
+
+    try:
+        # serve() declares the topology before the relay starts, so nothing is routed to nowhere.
+        await runtime.serve(relay_forever)
+    finally:
+        if listener is not None:
+            await listener.close()
+        await connection.close()
+        await engine.dispose()
+
+
+async def _listen(settings: Settings, wake: asyncio.Event):
+    import asyncpg
+
+    url = make_url(settings.ledger_url)
+    connection = await asyncpg.connect(
+        user=url.username, password=url.password, host=url.host or "localhost", port=url.port or 5432,
+        database=url.database,
+    )
+    # Hold leadership for as long as this connection lives; a killed leader's lock goes with it.
+    while not await connection.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK ^ zlib.crc32(notify_channel(settings).encode()) % 2**31):
+        log.info("another publisher is relaying this ledger; waiting to take over")
+        await asyncio.sleep(1.0)
+    await connection.add_listener(notify_channel(settings), lambda *_: wake.set())
+    return connection

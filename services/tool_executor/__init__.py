@@ -1,0 +1,1 @@
+"""tool-executor: runs committed, approved calls once."""

@@ -1,0 +1,82 @@
+"""The tool-executor handler: claim, run once, record, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from shared import faults
+from shared.catalogue import ToolCatalogue
+from shared.messages import ExecuteTool, ToolExecuted, now
+
+from .claims import Claims
+from .tools import ToolContext, ToolResult, run_tool
+
+log = logging.getLogger("signoff.tool_executor")
+
+
+@dataclass
+class Executor:
+    catalogue: ToolCatalogue
+    claims: Claims
+    http: httpx.AsyncClient
+    report: Callable[[ToolExecuted], Awaitable[None]]
+    data_dir: Path
+
+
+async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
+    spec = executor.catalogue.get(command.tool)
+    effect = spec.effect if spec else "outward"
+    while True:
+        verdict = await executor.claims.take(command.call_id, command.idempotency_key, effect)
+        if verdict.action != "wait":
+            break
+        # Another executor holds a live lease; if it dies, the lease runs out.
+        await asyncio.sleep(max(0.05, min(1.0, (verdict.wait_until - now()).total_seconds())))
+
+    if verdict.action == "report":
+        result = ToolResult(verdict.outcome, (verdict.result or {}).get("output"), (verdict.result or {}).get("error"))
+    elif verdict.action == "lost":
+        log.error("call %s: executor died mid outward call; closing as outcome-unknown", command.call_id)
+        result = ToolResult("outcome_unknown", error="the executor stopped mid-call; the outcome is unknown")
+    else:
+        await faults.reached("executor.after_claim")
+        if spec is None:
+            result = ToolResult("error", error=f"there is no tool named {command.tool!r}")
+        else:
+            context = ToolContext(command.call_id, command.session_id, command.idempotency_key, verdict.attempt,
+                                  executor.data_dir)
+            heartbeat = asyncio.create_task(_keep_lease(executor.claims, command.call_id))
+            try:
+                result = await run_tool(spec, command.arguments, context, executor.http)
+            finally:
+                heartbeat.cancel()
+            await faults.reached("executor.after_effect")
+        if not await executor.claims.finish(command.call_id, result.outcome,
+                                            {"output": result.output, "error": result.error}):
+            log.error("call %s: lost the claim while running; its new holder reports", command.call_id)
+            return
+        await faults.reached("executor.after_record")
+    await executor.report(
+        ToolExecuted(
+            session_id=command.session_id,
+            causation_id=command.message_id,
+            call_id=command.call_id,
+            outcome=result.outcome,
+            output=result.output,
+            error=result.error,
+        )
+    )
+
+
+async def _keep_lease(claims: Claims, call_id: str) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            await asyncio.sleep(claims.lease.total_seconds() / 3)
+            await claims.renew(call_id)

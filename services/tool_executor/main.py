@@ -1,0 +1,40 @@
+"""tool-executor entrypoint."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+
+import httpx
+from pydantic import TypeAdapter
+
+from services.approval_ledger.database import create_engine, migrate, sessionmaker
+from shared.catalogue import load_catalogue
+from shared.consuming import publish
+from shared.messages import ExecuteTool
+from shared.runtime import prepare
+from shared.settings import Settings
+
+from .claims import Claims
+from .handlers import Executor, execute_tool
+
+
+async def run(settings: Settings) -> None:
+    runtime = prepare(settings, "tool-executor")
+    engine = create_engine(settings)
+    await migrate(engine, settings)
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    async with httpx.AsyncClient() as http:
+        executor = Executor(
+            catalogue=load_catalogue(settings.tools_file),
+            claims=Claims(sessionmaker(engine), holder, settings.claim_lease_seconds),
+            http=http,
+            report=partial(publish, runtime.broker, runtime.topology),
+            data_dir=settings.data_dir.resolve(),
+        )
+        runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
+        try:
+            await runtime.serve()
+        finally:
+            await engine.dispose()

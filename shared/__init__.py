@@ -1,0 +1,1 @@
+"""Signoff's shared package: message schemas, settings, topology and the consumer loop."""

@@ -1,0 +1,131 @@
+"""The tool catalogue: what each tool is, who must approve it, and what it touches.
+
+Declared in YAML (see deploy/tools.yaml). The ledger reads it for policy, the
+approval card and argument checks; the executor for the implementation; the
+model-step for the descriptions it offers the model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.messages import ApprovalCard, ToolDescription
+
+REDACTED = "***redacted***"
+_SECRET_NAME = re.compile(r"(pass(word)?|secret|token|api[_-]?key|authori[sz]ation|credential|cookie|private[_-]?key)", re.I)
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class HttpImplementation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["http"] = "http"
+    method: str = "POST"
+    url: str
+    headers: dict[str, str] = {}
+    timeout_seconds: float = 10.0
+
+
+class PythonImplementation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["python"] = "python"
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+    label: str
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object"}
+    approval: Literal["always", "never"] = "always"
+    effect: Literal["read", "idempotent", "outward"] = "outward"
+    # What the call touches, shown on the card: a template over the arguments.
+    target: str | None = None
+    implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
+
+    def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
+        validator = jsonschema.Draft202012Validator(self.parameters)
+        return [
+            f"{'/'.join(map(str, e.absolute_path)) or '(arguments)'}: {e.message}"
+            for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        ]
+
+    def target_of(self, arguments: dict[str, Any]) -> str:
+        """Host, path or account the call touches; credentials never appear."""
+        if self.target:
+            return _render(self.target, redact(arguments))
+        if isinstance(self.implementation, HttpImplementation):
+            url = _render(self.implementation.url, redact(arguments))
+            parts = urlsplit(url)
+            return f"{self.implementation.method.upper()} {parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+        if isinstance(self.implementation, PythonImplementation):
+            return f"python {self.implementation.function}"
+        return "(no implementation)"
+
+    def card(self, arguments: dict[str, Any]) -> ApprovalCard:
+        return ApprovalCard(
+            tool=self.name,
+            label=self.label,
+            description=self.description,
+            arguments=redact(arguments),
+            target=self.target_of(arguments),
+            effect=self.effect,
+        )
+
+    def description_for_model(self) -> ToolDescription:
+        return ToolDescription(name=self.name, description=self.description or self.label, parameters=self.parameters)
+
+
+class ToolCatalogue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tools: list[ToolSpec]
+
+    @cached_property
+    def by_name(self) -> dict[str, ToolSpec]:
+        return {t.name: t for t in self.tools}
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self.by_name.get(name)
+
+    def descriptions(self) -> list[ToolDescription]:
+        return [t.description_for_model() for t in self.tools]
+
+
+def load_catalogue(path: Path) -> ToolCatalogue:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"tools file not found: {path} (set SIGNOFF_TOOLS_FILE)") from None
+    return ToolCatalogue.model_validate(data or {"tools": []})
+
+
+def redact(value: Any, key: str = "") -> Any:
+    if key and _SECRET_NAME.search(key):
+        return REDACTED
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def _render(template: str, arguments: dict[str, Any]) -> str:
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: str(arguments.get(m.group(1), m.group(0))), template)
+
+
+def resolve_secrets(value: str) -> str:
+    """Replace `${env:NAME}` with the environment's value, at call time only."""
+    return _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), value)
+
+
+def render_url(template: str, arguments: dict[str, Any]) -> str:
+    return _render(template, arguments)

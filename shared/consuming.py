@@ -1,0 +1,160 @@
+"""The one consumer loop every service shares.
+
+It decodes and validates an inbound message, answers bad input with a
+dead-letter that names the reason (invariant 9), skips what Redis says was
+already handled (a fast path only: invariant 8), runs the handler, and acks
+only after the handler's effect is durable. A handler that fails for a
+passing reason (database away, broker hiccup) gets the message back later;
+the queue's delivery limit dead-letters one that never succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream.rabbit import RabbitBroker, RabbitMessage
+from pydantic import TypeAdapter, ValidationError
+from redis.asyncio import Redis
+
+from shared.messages import Envelope, encode
+from shared.topology import COMMAND_TYPES, DETAIL_HEADER, REASON_HEADER, Topology
+
+log = logging.getLogger("signoff.consuming")
+
+
+class Rejected(Exception):
+    """A handler's verdict that a message can never succeed: dead-letter it with this reason."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class Inbound:
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        broker: RabbitBroker,
+        redis: Redis | None,
+        topology: Topology,
+        max_bytes: int,
+        dedupe_ttl: int,
+    ) -> None:
+        self.consumer = consumer
+        self.broker = broker
+        self.redis = redis
+        self.topology = topology
+        self.max_bytes = max_bytes
+        self.dedupe_ttl = dedupe_ttl
+
+    def _seen_key(self, message_id: str) -> str:
+        return f"{self.topology.namespace}:seen:{self.consumer}:{message_id}"
+
+    async def receive(
+        self,
+        raw: RabbitMessage,
+        adapter: TypeAdapter[Any],
+        handle: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        body: bytes = raw.body
+        if len(body) > self.max_bytes:
+            await self.dead_letter(raw, "oversized", f"{len(body)} bytes; the limit is {self.max_bytes}")
+            return
+        try:
+            message = adapter.validate_json(body)
+        except ValidationError as error:
+            await self.dead_letter(raw, "invalid", _describe(error))
+            return
+        if await self._already_handled(message.message_id):
+            await raw.ack()
+            return
+        try:
+            await handle(message)
+        except Rejected as rejection:
+            await self.dead_letter(raw, rejection.code, rejection.detail)
+            return
+        except Exception:
+            log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)
+            # A short pause keeps a dead database from turning into a hot loop.
+            await asyncio.sleep(0.5)
+            await raw.nack(requeue=True)
+            return
+        await raw.ack()
+        await self._remember(message.message_id)
+
+    async def _already_handled(self, message_id: str) -> bool:
+        if self.redis is None:
+            return False
+        try:
+            return bool(await self.redis.exists(self._seen_key(message_id)))
+        except Exception as error:  # Redis is only a fast path (invariant 8)
+            log.warning("redis unavailable for dedupe (%s); relying on the ledger", error)
+            return False
+
+    async def _remember(self, message_id: str) -> None:
+        if self.redis is None:
+            return
+        try:
+            await self.redis.set(self._seen_key(message_id), 1, ex=self.dedupe_ttl)
+        except Exception as error:
+            log.warning("redis unavailable for dedupe (%s)", error)
+
+    async def dead_letter(self, raw: RabbitMessage, code: str, detail: str) -> None:
+        """Park a message with its reason, then ack it: nothing lost, nothing blocked."""
+        log.warning("%s: dead-lettering %s: %s: %s", self.consumer, raw.message_id, code, detail)
+        await self.broker.publish(
+            raw.body,
+            exchange=self.topology.dead,
+            routing_key=code,
+            persist=True,
+            message_id=raw.message_id or None,
+            headers={
+                REASON_HEADER: code,
+                DETAIL_HEADER: detail[:2000],
+                "x-signoff-consumer": self.consumer,
+            },
+        )
+        await raw.ack()
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        where = ".".join(str(p) for p in item["loc"]) or "(message)"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+async def declare(broker: RabbitBroker, topology: Topology) -> None:
+    """Declare every exchange, queue and binding (idempotent).
+
+    Every service does this at start-up, so a message published before its
+    consumer first starts waits in its queue instead of vanishing unrouted.
+    """
+    commands = await broker.declare_exchange(topology.commands)
+    await broker.declare_exchange(topology.events)
+    dead = await broker.declare_exchange(topology.dead)
+    dlq = await broker.declare_queue(topology.dead_letter_queue)
+    await dlq.bind(dead)
+    for message_type in COMMAND_TYPES:
+        queue = await broker.declare_queue(topology.inbound_queue(message_type))
+        await queue.bind(commands, routing_key=message_type)
+
+
+async def publish(broker: RabbitBroker, topology: Topology, message: Envelope) -> None:
+    """Publish one message persistently and wait for RabbitMQ's confirm."""
+    exchange, routing_key = topology.route(message)
+    await broker.publish(
+        encode(message),
+        exchange=exchange,
+        routing_key=routing_key,
+        persist=True,
+        message_id=message.message_id,
+        content_type="application/json",
+        mandatory=False,
+    )

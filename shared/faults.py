@@ -1,0 +1,59 @@
+"""Named fault points that crash tests arm through the environment.
+
+`SIGNOFF_FAULTS=ledger.after_commit` makes the process SIGKILL itself the first
+time it reaches that point; `name:hold` blocks there until the file
+`<data_dir>/faults/<name>.release` appears. Unarmed, a fault point is one
+frozenset lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger("signoff.faults")
+
+POINTS = {
+    "ledger.before_commit": "inside a ledger transaction, all rows written, before COMMIT",
+    "ledger.after_commit": "after a ledger transaction committed, before the message is acked",
+    "publisher.after_send": "after the outbox batch was confirmed by RabbitMQ, before it is marked sent",
+    "model_step.mid_call": "while the provider call is in flight",
+    "model_step.after_report": "after the step result was published, before the request is acked",
+    "executor.after_claim": "after the durable claim, before the tool runs",
+    "executor.after_effect": "after the tool ran, before its result is recorded",
+    "executor.after_record": "after the result was recorded, before it is reported",
+}
+
+_armed: dict[str, str] = {}
+_data_dir = Path("data")
+
+
+def arm(spec: str, data_dir: Path) -> None:
+    global _data_dir
+    _data_dir = data_dir
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, mode = item.partition(":")
+        if name not in POINTS:
+            raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
+        _armed[name] = mode or "kill"
+
+
+async def reached(name: str) -> None:
+    if not _armed:
+        return
+    mode = _armed.pop(name, None)
+    if mode is None:
+        return
+    marker = _data_dir / "faults"
+    marker.mkdir(parents=True, exist_ok=True)
+    (marker / f"{name}.reached").write_text(str(os.getpid()))
+    if mode == "hold":
+        release = marker / f"{name}.release"
+        while not release.exists():
+            await asyncio.sleep(0.01)
+        return
+    log.warning("fault point %s reached: killing pid %s", name, os.getpid())
+    os.kill(os.getpid(), signal.SIGKILL)

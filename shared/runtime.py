@@ -1,0 +1,132 @@
+"""Start-up for every service: build connections from settings, say clearly
+which dependency is unreachable, and run until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+from urllib.parse import urlsplit
+
+from faststream import AckPolicy
+from faststream.rabbit import RabbitBroker, RabbitMessage
+from pydantic import TypeAdapter
+from faststream.rabbit.schemas import Channel
+from redis.asyncio import Redis
+
+from shared import faults
+from shared.consuming import Inbound, declare
+from shared.settings import Settings
+from shared.topology import Topology
+
+log = logging.getLogger("signoff")
+
+HOW_TO_START = {
+    "RabbitMQ": "start it with `rabbitmq-server -detached` (or `docker compose up -d rabbitmq`), or set SIGNOFF_RABBITMQ_URL",
+    "Redis": "start it with `redis-server --daemonize yes` (or `docker compose up -d redis`), or set SIGNOFF_REDIS_URL",
+    "PostgreSQL": "start it with `pg_ctlcluster <version> main start` (or `docker compose up -d postgres`), or set SIGNOFF_DATABASE_URL",
+}
+
+
+class Unreachable(SystemExit):
+    def __init__(self, service: str, address: str, error: object) -> None:
+        super().__init__(f"signoff: cannot reach {service} at {address} ({error}); {HOW_TO_START[service]}")
+
+
+def check_reachable(settings: Settings, *, timeout: float = 3.0) -> None:
+    """Fail fast, naming the service, its address and how to start it."""
+    targets = [("RabbitMQ", settings.rabbitmq_url, 5672), ("Redis", settings.redis_url, 6379)]
+    if settings.is_postgres:
+        targets.append(("PostgreSQL", settings.ledger_url, 5432))
+    for service, url, default_port in targets:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "localhost", parts.port or default_port
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as error:
+            raise Unreachable(service, f"{host}:{port}", error) from None
+
+
+def configure_logging(name: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("SIGNOFF_LOG_LEVEL", "INFO").upper(),
+        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+class Runtime:
+    """The connections one service process needs, opened at start-up."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.topology = Topology(settings.namespace, settings.delivery_limit)
+        self.broker = RabbitBroker(
+            settings.rabbitmq_url,
+            default_channel=Channel(prefetch_count=settings.prefetch),
+            log_level=logging.DEBUG,
+            graceful_timeout=10,
+        )
+        self.redis = Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+
+    def inbound(self, consumer: str) -> Inbound:
+        return Inbound(
+            consumer=consumer,
+            broker=self.broker,
+            redis=self.redis,
+            topology=self.topology,
+            max_bytes=self.settings.max_message_bytes,
+            dedupe_ttl=self.settings.dedupe_ttl_seconds,
+        )
+
+    def consume(self, message_type: str, adapter: TypeAdapter[Any], handle: Callable[[Any], Awaitable[None]]) -> None:
+        """Subscribe one handler to the queue of one inbound message type."""
+        inbound = self.inbound(self.name)
+
+        @self.broker.subscriber(
+            self.topology.inbound_queue(message_type), self.topology.commands, ack_policy=AckPolicy.MANUAL
+        )
+        async def entrypoint(message: RabbitMessage) -> None:
+            await inbound.receive(message, adapter, handle)
+
+    async def serve(self, background: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Connect, declare the topology, consume until told to stop."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with AsyncExitStack() as stack:
+            try:
+                await self.broker.connect()
+            except Exception as error:
+                raise Unreachable("RabbitMQ", _address(self.settings.rabbitmq_url), error) from None
+            stack.push_async_callback(self.broker.stop)
+            stack.push_async_callback(self.redis.aclose)
+            await declare(self.broker, self.topology)
+            await self.broker.start()
+            task = asyncio.create_task(background()) if background else None
+            log.info("%s ready (namespace %s)", self.name, self.settings.namespace)
+            waiter = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([t for t in (task, waiter) if t], return_when=asyncio.FIRST_COMPLETED)
+            if task is not None and task in done:
+                task.result()  # a background loop that dies takes the service down, loudly
+            if task is not None:
+                task.cancel()
+            log.info("%s stopping", self.name)
+
+
+def prepare(settings: Settings, name: str) -> Runtime:
+    configure_logging(name)
+    faults.arm(settings.faults, settings.data_dir)
+    check_reachable(settings)
+    return Runtime(settings, name)
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or ''}"

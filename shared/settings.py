@@ -1,0 +1,76 @@
+"""Settings for every Signoff process, read from SIGNOFF_* environment variables.
+
+Nothing here connects to anything: engines, pools and brokers are built from a
+Settings object at start-up, never at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SIGNOFF_", extra="ignore")
+
+    data_dir: Path = Path("data")
+    # Empty means the embedded default: a SQLite file under data_dir.
+    database_url: str = ""
+    # PostgreSQL only: every table lives in this schema (tests use one each).
+    database_schema: str | None = None
+    rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"
+    redis_url: str = "redis://localhost:6379/0"
+    # Prefix of every exchange, queue and Redis key, so deployments and tests
+    # can share one broker without seeing each other.
+    namespace: str = "signoff"
+
+    tools_file: Path = PROJECT_ROOT / "deploy" / "tools.yaml"
+    provider: str = "scripted"
+    script_file: Path = PROJECT_ROOT / "deploy" / "script.yaml"
+
+    max_message_bytes: int = 256 * 1024
+    # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
+    # that keeps failing would loop forever without one.
+    delivery_limit: int = 20
+    prefetch: int = 64
+    publisher_batch: int = 500
+    publisher_poll_seconds: float = 0.02
+    # How long an executor's claim on a call stays live without a heartbeat.
+    claim_lease_seconds: float = 5.0
+    dedupe_ttl_seconds: int = 24 * 3600
+    # Comma-separated fault points armed in this process (see shared/faults.py).
+    faults: str = ""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_name(cls, value: str) -> str:
+        if not value or not all(c.isalnum() or c in "-_" for c in value):
+            raise ValueError("namespace must be letters, digits, '-' or '_'")
+        return value
+
+    @property
+    def ledger_url(self) -> str:
+        """The SQLAlchemy async URL of the ledger."""
+        url = self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"
+        for plain, driver in (
+            ("postgresql://", "postgresql+asyncpg://"),
+            ("postgres://", "postgresql+asyncpg://"),
+            ("sqlite:///", "sqlite+aiosqlite:///"),
+        ):
+            if url.startswith(plain):
+                return driver + url[len(plain):]
+        return url
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.ledger_url.startswith("postgresql")
+
+
+def load_settings(**overrides) -> Settings:
+    return Settings(**overrides)
+
+
