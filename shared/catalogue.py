@@ -64,7 +64,7 @@ class ToolSpec(BaseModel):
         if self.target:
             return _render(self.target, redact(arguments))
         if isinstance(self.implementation, HttpImplementation):
-            url = _render(self.implementation.url, redact(arguments))
+            url = _render(resolve_secrets(self.implementation.url), redact(arguments))
             parts = urlsplit(url)
             return f"{self.implementation.method.upper()} {parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}"
         if isinstance(self.implementation, PythonImplementation):

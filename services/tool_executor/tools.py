@@ -63,7 +63,7 @@ async def _run_http(
     implementation: HttpImplementation, spec: ToolSpec, arguments: dict[str, Any], context: ToolContext,
     http: httpx.AsyncClient,
 ) -> ToolResult:
-    url = implementation.url
+    url = resolve_secrets(implementation.url)
     used = set()
     for key, value in arguments.items():
         if "{" + key + "}" in url:

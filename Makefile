@@ -1,0 +1,44 @@
+# Two commands do all the set-up: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# pytest-xdist workers; each test has its own namespace, schema and key prefix.
+WORKERS ?= 2
+
+.PHONY: run test unit integration crash chaos bench install compose-check clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/signoff demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest -n $(WORKERS) -q tests/integration
+
+crash: $(STAMP)
+	$(BIN)/python -m pytest -n $(WORKERS) -q tests/crash
+
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+
+compose-check: $(STAMP)
+	$(BIN)/python -c "import yaml,sys; d=yaml.safe_load(open('docker-compose.yml')); print('docker-compose.yml parses:', ', '.join(sorted(d['services'])))"
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

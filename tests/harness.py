@@ -1,0 +1,233 @@
+"""Run Signoff's services as real processes against real RabbitMQ, Redis and
+PostgreSQL, each deployment isolated by its own namespace (queues, exchanges,
+Redis keys) and its own database schema or SQLite file.
+
+Used by the integration and crash tests, `make chaos` and `make bench`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aio_pika
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from services.approval_ledger.database import create_engine, sessionmaker
+from services.console import Console
+from shared.messages import EVENT
+from shared.settings import PROJECT_ROOT, Settings
+
+RABBITMQ_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_URL", "amqp://guest:guest@localhost:5672/")
+REDIS_URL = os.environ.get("SIGNOFF_TEST_REDIS_URL", "redis://localhost:6379/0")
+POSTGRES_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@localhost:5432/test")
+SERVICES = ("approval-ledger", "publisher", "model-step", "tool-executor")
+
+
+class ServiceUnreachable(AssertionError):
+    """A test needs a service it cannot reach: fail loudly, never skip."""
+
+
+def require_services(*, postgres: bool = True) -> None:
+    wanted = [("RabbitMQ", RABBITMQ_URL, "SIGNOFF_TEST_RABBITMQ_URL"), ("Redis", REDIS_URL, "SIGNOFF_TEST_REDIS_URL")]
+    if postgres:
+        wanted.append(("PostgreSQL", POSTGRES_URL, "SIGNOFF_TEST_POSTGRES_URL"))
+    for name, url, variable in wanted:
+        parts = urlsplit(url)
+        try:
+            socket.create_connection((parts.hostname, parts.port), timeout=3).close()
+        except OSError as error:
+            raise ServiceUnreachable(
+                f"{name} is not reachable at {parts.hostname}:{parts.port} ({error}). Start it (`.ci/run` does) "
+                f"or point {variable} at one."
+            ) from None
+
+
+@dataclass
+class Deployment:
+    """One isolated Signoff deployment: its settings, its processes, its data."""
+
+    store: str  # "sqlite" or "postgres"
+    data_dir: Path
+    namespace: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:12])
+    tools_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "tools.yaml"
+    script_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "script.yaml"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> str | None:
+        return self.namespace if self.store == "postgres" else None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+        env.update(
+            SIGNOFF_NAMESPACE=self.namespace,
+            SIGNOFF_DATA_DIR=str(self.data_dir),
+            SIGNOFF_RABBITMQ_URL=RABBITMQ_URL,
+            SIGNOFF_REDIS_URL=REDIS_URL,
+            SIGNOFF_TOOLS_FILE=str(self.tools_file),
+            SIGNOFF_SCRIPT_FILE=str(self.script_file),
+            SIGNOFF_CLAIM_LEASE_SECONDS="1.5",
+            PYTHONUNBUFFERED="1",
+        )
+        if self.store == "postgres":
+            env.update(SIGNOFF_DATABASE_URL=POSTGRES_URL, SIGNOFF_DATABASE_SCHEMA=self.namespace)
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def settings(self) -> Settings:
+        env = self.env()
+        return Settings(**{k[len("SIGNOFF_"):].lower(): v for k, v in env.items() if k.startswith("SIGNOFF_")})
+
+    # --- processes ---------------------------------------------------------
+
+    def log_path(self, service: str) -> Path:
+        return self.data_dir / "logs" / f"{service}.log"
+
+    def start(self, *services: str, faults: str = "") -> None:
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        started = []
+        for service in services or SERVICES:
+            env = self.env()
+            if faults:
+                env["SIGNOFF_FAULTS"] = faults
+            log = open(self.log_path(service), "ab")
+            log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
+            log.flush()
+            self.processes[service] = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "run", service],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+            )
+            started.append(service)
+        for service in started:
+            self.wait_ready(service)
+
+    def wait_ready(self, service: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        process = self.processes[service]
+        while time.monotonic() < deadline:
+            lines = self.log_path(service).read_text(errors="replace").split("--- start ")[-1]
+            if f"{service} ready" in lines:
+                return
+            if process.poll() is not None:
+                raise AssertionError(f"{service} exited with {process.returncode} during start-up:\n{lines[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{service} not ready after {timeout}s:\n{self.log_path(service).read_text()[-3000:]}")
+
+    def kill(self, service: str) -> None:
+        """SIGKILL: no cleanup, no goodbye."""
+        process = self.processes.pop(service)
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        process.wait(10)
+
+    def wait_exit(self, service: str, timeout: float = 30.0) -> int:
+        """Wait for a process that is expected to kill itself at a fault point."""
+        process = self.processes.pop(service)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError(f"{service} did not reach its fault point within {timeout}s:\n"
+                                 f"{self.log_path(service).read_text()[-3000:]}") from None
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.processes.clear()
+
+    # --- fault points --------------------------------------------------------
+
+    def fault_reached(self, point: str) -> bool:
+        return (self.data_dir / "faults" / f"{point}.reached").exists()
+
+    def release(self, point: str) -> None:
+        (self.data_dir / "faults").mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "faults" / f"{point}.release").touch()
+
+    # --- clients -------------------------------------------------------------
+
+    @asynccontextmanager
+    async def console(self):
+        async with Console(self.settings) as console:
+            yield console
+
+    @asynccontextmanager
+    async def ledger(self):
+        """A read connection to the ledger, for assertions."""
+        engine = create_engine(self.settings, pool_size=1)
+        try:
+            yield sessionmaker(engine)
+        finally:
+            await engine.dispose()
+
+    async def cleanup(self) -> None:
+        self.stop_all()
+        connection = await aio_pika.connect_robust(RABBITMQ_URL)
+        async with connection:
+            channel = await connection.channel()
+            settings = self.settings
+            from shared.topology import Topology
+
+            topology = Topology(settings.namespace)
+            for name in topology.all_queue_names():
+                await channel.queue_delete(name)
+            for name in topology.all_exchange_names():
+                await channel.exchange_delete(name)
+        redis = Redis.from_url(REDIS_URL)
+        async with redis:
+            keys = [k async for k in redis.scan_iter(f"{self.namespace}:*")]
+            if keys:
+                await redis.delete(*keys)
+        if self.store == "postgres":
+            engine = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url)
+            async with engine.begin() as conn:
+                await conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.namespace}" CASCADE'))
+            await engine.dispose()
+
+
+async def next_event(queue: aio_pika.abc.AbstractQueue, *types: str, timeout: float = 20.0) -> Any:
+    """The next event of one of these types on a watch queue (others are passed over)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        raw = await queue.get(no_ack=True, fail=False)
+        if raw is None:
+            await asyncio.sleep(0.02)
+            continue
+        event = EVENT.validate_json(raw.body)
+        if not types or event.type in types:
+            return event
+    raise AssertionError(f"no {' or '.join(types) or 'event'} within {timeout}s")
+
+
+async def eventually(check, timeout: float = 20.0, interval: float = 0.05):
+    """Poll an async check until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")

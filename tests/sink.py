@@ -1,0 +1,67 @@
+"""A loopback HTTP server that tools call: it counts every request, keeps what
+it was sent, and can hold a request open until the test releases it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.counts: Counter[str] = Counter()
+        self.hold = threading.Event()
+        self.hold.set()  # set = not holding
+        self.held = threading.Event()
+        self.status = 200
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                sink.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
+                                      "body": body.decode(errors="replace")})
+                sink.counts[self.path] += 1
+                if not sink.hold.is_set():
+                    sink.held.set()
+                    sink.hold.wait(60)
+                payload = json.dumps({"ok": True, "n": sink.counts[self.path]}).encode()
+                try:
+                    self.send_response(sink.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:
+                    pass
+
+            do_POST = do_PUT = do_GET = do_DELETE = _handle
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Sink:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hold.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def hold_next(self) -> None:
+        """Hold requests open (after they are counted) until release()."""
+        self.held.clear()
+        self.hold.clear()
+
+    def release(self) -> None:
+        self.hold.set()
