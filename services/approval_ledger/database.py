@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 from pathlib import Path
 
@@ -56,6 +57,27 @@ def _alembic_config(connection) -> Config:
 
 async def migrate(engine: AsyncEngine, settings: Settings) -> None:
     """Bring the ledger's schema to the newest revision (idempotent, safe to race)."""
+    if not settings.is_postgres:
+        # SQLite has no advisory lock: a file lock keeps concurrent starts in line.
+        lock_path = Path(settings.ledger_url.split("///", 1)[1] + ".migrate.lock")
+        lock_file = await asyncio.to_thread(_lock_exclusive, lock_path)
+    else:
+        lock_file = None
+    try:
+        await _migrate(engine, settings)
+    finally:
+        if lock_file is not None:
+            lock_file.close()
+
+
+def _lock_exclusive(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+async def _migrate(engine: AsyncEngine, settings: Settings) -> None:
     for attempt in range(5):
         try:
             async with engine.begin() as conn:

@@ -70,7 +70,7 @@ async def _run_http(
             url = url.replace("{" + key + "}", quote(str(value), safe=""))
             used.add(key)
     rest = {k: v for k, v in arguments.items() if k not in used}
-    headers = {k: resolve_secrets(v) for k, v in implementation.headers.items()}
+    headers = {k: resolve_secrets(v).strip() for k, v in implementation.headers.items()}
     headers["Idempotency-Key"] = context.idempotency_key
     method = implementation.method.upper()
     try:
@@ -82,8 +82,9 @@ async def _run_http(
             json=rest if method not in ("GET", "DELETE") else None,
             timeout=implementation.timeout_seconds,
         )
-    except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-        # Nothing reached the server: an honest, retry-free error.
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.LocalProtocolError, httpx.UnsupportedProtocol,
+            httpx.InvalidURL) as error:
+        # Nothing reached the server: an honest error, not an unknown outcome.
         return ToolResult("error", error=f"could not connect to {url}: {error}")
     except (httpx.TimeoutException, httpx.TransportError) as error:
         if spec.effect == "outward":

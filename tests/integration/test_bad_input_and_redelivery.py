@@ -1,0 +1,128 @@
+"""Redelivery is applied once (the inbox, invariant 8); bad input is answered,
+never applied, and never blocks the queue (invariant 9)."""
+
+import aio_pika
+from redis.asyncio import Redis
+from sqlalchemy import func, select
+
+from services.approval_ledger.models import Decision, InboxRow, OutboxRow
+from shared.messages import RespondToApproval, StartTurn, mint
+from shared.topology import DETAIL_HEADER, REASON_HEADER
+from tests.harness import REDIS_URL, eventually, next_event
+
+
+async def _wait_for_approval(deployment, console, session_id):
+    events = await console.watch(session_id)
+    await console.send(StartTurn(session_id=session_id, text="post hello"))
+    return events, await next_event(events, "approval.requested")
+
+
+async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed(deployment, sink):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await _wait_for_approval(deployment, console, session_id)
+        response = RespondToApproval(session_id=session_id, request_id=requested.request_id, decision="approve",
+                                     args_digest=requested.args_digest, responder="tester")
+        await console.send(response)
+        await next_event(events, "turn.completed")
+        # Forget Redis's fast path: the ledger's inbox alone must drop the duplicate.
+        async with Redis.from_url(REDIS_URL) as redis:
+            keys = [k async for k in redis.scan_iter(f"{deployment.namespace}:*")]
+            assert keys, "the fast path should have remembered the response"
+            await redis.delete(*keys)
+        await console.send(response)
+        await console.send(response)
+        async with deployment.ledger() as ledger:
+            async def duplicates_seen():
+                async with ledger() as db:
+                    return await db.scalar(select(func.count()).select_from(InboxRow)
+                                           .where(InboxRow.message_id == response.message_id))
+            await eventually(duplicates_seen)
+            # Give the ledger the time to (wrongly) act on them before counting.
+            await console.send(StartTurn(session_id=session_id, text="after the duplicates"))
+            await next_event(events, "turn.completed", "message.rejected")
+            async with ledger() as db:
+                assert await db.scalar(select(func.count()).select_from(Decision)) == 1
+    assert sink.counts["/sink"] == 1
+
+
+async def test_a_response_to_an_unknown_request_is_rejected_with_a_reason_and_changes_nothing(deployment, sink):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await _wait_for_approval(deployment, console, session_id)
+        async with deployment.ledger() as ledger, ledger() as db:
+            outbox_before = await db.scalar(select(func.count()).select_from(OutboxRow))
+        bogus = RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
+                                  args_digest=requested.args_digest)
+        await console.send(bogus)
+        rejected = await next_event(events, "message.rejected")
+        assert rejected.rejected_message_id == bogus.message_id
+        assert rejected.reason_code == "unknown_request"
+        async with deployment.ledger() as ledger, ledger() as db:
+            assert await db.scalar(select(func.count()).select_from(Decision)) == 0
+            # Only the rejection itself was added.
+            assert await db.scalar(select(func.count()).select_from(OutboxRow)) == outbox_before + 1
+    assert sink.counts["/sink"] == 0
+
+
+async def test_an_approval_for_other_arguments_than_shown_is_refused(deployment, sink):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await _wait_for_approval(deployment, console, session_id)
+        await console.send(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                             decision="approve", args_digest="sha256:" + "0" * 64))
+        rejected = await next_event(events, "message.rejected")
+        assert rejected.reason_code == "digest_mismatch"
+        # The request is still open and answerable with the right digest.
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed")
+    assert sink.counts["/sink"] == 1
+
+
+async def test_a_denied_call_closes_with_the_persons_reason_and_never_runs(deployment, sink):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await _wait_for_approval(deployment, console, session_id)
+        await console.respond(requested.request_id, "deny", "not on a Friday", "", "tester")
+        closed = await next_event(events, "tool.closed")
+        assert (closed.kind, closed.reason_text) == ("denied", "not on a Friday")
+        await next_event(events, "turn.completed")
+    assert sink.counts["/sink"] == 0
+
+
+async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_and_the_next_is_processed(
+    deployment, sink
+):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    topology_queue = f"{deployment.namespace}.dead-letters"
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.commands")
+        for body, message_id in ((b'{"type": "approval.respond", "session_id": "x"', "bad-json"),
+                                 (b'{"type": "approval.respond", "session_id": "s", "request_id": 5}', "bad-shape"),
+                                 (b"x" * (300 * 1024), "too-big")):
+            await exchange.publish(aio_pika.Message(body, message_id=message_id), routing_key="approval.respond")
+        events, requested = await _wait_for_approval(deployment, console, session_id)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed")
+
+        dead = await console.channel.declare_queue(topology_queue, passive=True)
+        reasons = {}
+        async def all_dead():
+            while (raw := await dead.get(no_ack=True, fail=False)) is not None:
+                reasons[raw.message_id] = (raw.headers[REASON_HEADER], raw.headers[DETAIL_HEADER])
+            return len(reasons) == 3
+        await eventually(all_dead)
+    assert reasons["bad-json"][0] == "invalid"
+    assert reasons["bad-shape"][0] == "invalid" and "request_id" in reasons["bad-shape"][1]
+    assert reasons["too-big"][0] == "oversized"
+    assert sink.counts["/sink"] == 1
