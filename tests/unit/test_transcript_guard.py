@@ -1,0 +1,141 @@
+"""The transcript guard heals what a strict provider would reject (invariant 3)."""
+
+import logging
+
+from services.model_step.transcript_guard import NEVER_CLOSED, heal
+from shared.messages import TranscriptCall, TranscriptEntry
+
+
+def user(text):
+    return TranscriptEntry(role="user", text=text)
+
+
+def call(n, provider_id=None):
+    return TranscriptCall(call_id=f"call_{n}", provider_call_id=provider_id or f"p{n}", name="post", arguments={"n": n})
+
+
+def asks(*calls, text=""):
+    return TranscriptEntry(role="assistant", text=text, tool_calls=list(calls))
+
+
+def result(n, text="ok", closure="output", provider_id=None):
+    return TranscriptEntry(role="tool", call_id=f"call_{n}", provider_call_id=provider_id or f"p{n}",
+                           text=text, closure=closure)
+
+
+def shape(transcript):
+    """role and call id of each entry, and whether a tool result is the guard's own."""
+    out = []
+    for e in transcript:
+        if e.role == "tool":
+            out.append(("tool", e.call_id, "healed" if e.text == NEVER_CLOSED else e.closure))
+        else:
+            out.append((e.role, [c.call_id for c in e.tool_calls]))
+    return out
+
+
+def test_a_healthy_transcript_passes_through_unchanged_and_quietly(caplog):
+    transcript = [
+        user("post twice"),
+        asks(call(1), call(2), text="posting"),
+        result(1),
+        result(2, closure="denied", text="The user denied this tool call."),
+        TranscriptEntry(role="user", text="[ann, with their decision] not that one"),
+        TranscriptEntry(role="assistant", text="Done."),
+        user("again"),
+        asks(call(3)),
+        result(3, closure="error", text="Error: boom"),
+    ]
+    with caplog.at_level(logging.WARNING):
+        assert heal(transcript, "ses_1") == transcript
+    assert caplog.records == []
+
+
+def test_a_call_without_a_result_gets_an_error_result_right_after_its_message(caplog):
+    transcript = [user("post"), asks(call(1)), user("hello?")]
+    with caplog.at_level(logging.WARNING):
+        healed = heal(transcript, "ses_1")
+    assert shape(healed) == [("user", []), ("assistant", ["call_1"]), ("tool", "call_1", "healed"), ("user", [])]
+    closing = healed[2]
+    assert closing.closure == "error" and closing.provider_call_id == "p1"
+    assert closing.text.startswith("Error: this tool call was never closed;")
+    [warning] = caplog.records
+    assert "ses_1" in warning.getMessage() and "call_1" in warning.getMessage()
+
+
+def test_a_trailing_call_without_a_result_is_closed_too():
+    healed = heal([user("post"), asks(call(1))], "ses_1")
+    assert shape(healed)[-1] == ("tool", "call_1", "healed")
+
+
+def test_a_result_separated_from_its_call_by_a_user_message_is_moved_next_to_it(caplog):
+    transcript = [user("post"), asks(call(1)), user("channel context"), result(1, text="posted")]
+    with caplog.at_level(logging.WARNING):
+        healed = heal(transcript, "ses_1")
+    assert shape(healed) == [("user", []), ("assistant", ["call_1"]), ("tool", "call_1", "output"), ("user", [])]
+    assert healed[2].text == "posted"  # the real result, not a made-up error
+    assert "moved" in caplog.records[0].getMessage()
+
+
+def test_several_calls_with_partial_results_get_exactly_one_result_each_in_call_order():
+    transcript = [
+        user("three things"),
+        asks(call(1), call(2), call(3)),
+        result(3, text="third"),
+        result(1, text="first"),
+        user("and then"),
+        TranscriptEntry(role="assistant", text="ok"),
+    ]
+    healed = heal(transcript, "ses_1")
+    assert shape(healed) == [
+        ("user", []),
+        ("assistant", ["call_1", "call_2", "call_3"]),
+        ("tool", "call_1", "output"),
+        ("tool", "call_2", "healed"),
+        ("tool", "call_3", "output"),
+        ("user", []),
+        ("assistant", []),
+    ]
+    assert [e.text for e in healed[2:5:2]] == ["first", "third"]
+
+
+def test_a_result_for_no_call_and_a_second_result_for_one_call_are_dropped(caplog):
+    transcript = [
+        user("post"),
+        result(9, text="orphan before any call"),
+        asks(call(1)),
+        result(1, text="first"),
+        result(1, text="second"),
+        result(7, text="orphan"),
+    ]
+    with caplog.at_level(logging.WARNING):
+        healed = heal(transcript, "ses_1")
+    assert shape(healed) == [("user", []), ("assistant", ["call_1"]), ("tool", "call_1", "output")]
+    assert healed[2].text == "first"
+    assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 3
+
+
+def test_a_tool_entry_without_a_closure_kind_is_not_a_result():
+    transcript = [user("post"), asks(call(1)), result(1, closure=None, text="still running")]
+    assert shape(heal(transcript, "ses_1"))[2:] == [("tool", "call_1", "healed")]
+
+
+def test_results_from_before_call_ids_are_matched_by_provider_id_preferring_the_adjacent_one():
+    # An old transcript: a provider that reused `Bash_0`, results without Signoff's call ids.
+    legacy = dict(call_id=None, closure="output")
+    transcript = [
+        user("go"),
+        asks(call(1, "Bash_0")),
+        TranscriptEntry(role="tool", provider_call_id="Bash_0", text="one", **legacy),
+        asks(call(2, "Bash_0")),
+        TranscriptEntry(role="tool", provider_call_id="Bash_0", text="two", **legacy),
+    ]
+    healed = heal(transcript, "ses_1")
+    assert [e.text for e in healed] == ["go", "", "one", "", "two"]
+
+
+def test_healing_is_pure_and_the_same_every_time():
+    transcript = [user("post"), asks(call(1), call(2)), user("hm"), result(2)]
+    before = list(transcript)
+    assert heal(transcript, "s") == heal(transcript, "s")
+    assert transcript == before
