@@ -1,0 +1,73 @@
+"""Provider tool-call ids made unique per session (invariant 2).
+
+Signoff never keys anything on a provider's tool-call id (it mints its own call
+and request ids), but the id goes back to the provider as the correlation
+between a call and its result. Some OpenAI-compatible servers renumber ids on
+every response (`Bash_0`, `Bash_1`, ... from 0 again), so two different calls in
+one transcript share an id; strict providers then reject the request, and a
+lenient one may pair a result with the wrong call.
+
+The rule: the first occurrence of an id in a session keeps it. A later one, in
+a later response or the same response, becomes `<id>__<n>` with the smallest
+n >= 2 not yet claimed, so the second `Bash_0` is `Bash_0__2`, the third
+`Bash_0__3`. The rewrite depends only on the claimed set and the order of the
+calls, so the same transcript and the same reply always give the same ids.
+
+The model-step is stateless: it builds a normalizer from the stored transcript
+on every request. Within a request, claims made by an attempt that then fails
+are rolled back, so the retry gets the same ids as if the failed attempt had
+never happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from shared.messages import ProposedToolCall, TranscriptEntry
+
+log = logging.getLogger("signoff.model_step.ids")
+
+
+class ToolCallIdNormalizer:
+    def __init__(self, claimed: Iterable[str] = (), *, session_id: str = "") -> None:
+        self.session_id = session_id
+        self._claimed: set[str] = set(claimed)
+        self._pending: set[str] = set()
+
+    @classmethod
+    def from_transcript(cls, transcript: Iterable[TranscriptEntry], *, session_id: str = "") -> ToolCallIdNormalizer:
+        """Seeded with every provider id the session's assistant messages already use."""
+        return cls(
+            (call.provider_call_id for entry in transcript if entry.role == "assistant" for call in entry.tool_calls),
+            session_id=session_id,
+        )
+
+    def is_claimed(self, provider_call_id: str) -> bool:
+        return provider_call_id in self._claimed or provider_call_id in self._pending
+
+    def normalize(self, calls: Iterable[ProposedToolCall]) -> list[ProposedToolCall]:
+        """The calls with unique ids, claimed for the current attempt (see commit and rollback)."""
+        normalized = []
+        for call in calls:
+            assigned = call.provider_call_id
+            if self.is_claimed(assigned):
+                n = 2
+                while self.is_claimed(f"{call.provider_call_id}__{n}"):
+                    n += 1
+                assigned = f"{call.provider_call_id}__{n}"
+                log.info("session %s: provider reused tool-call id %s; rewritten to %s",
+                         self.session_id, call.provider_call_id, assigned)
+                call = call.model_copy(update={"provider_call_id": assigned})
+            self._pending.add(assigned)
+            normalized.append(call)
+        return normalized
+
+    def commit(self) -> None:
+        """The current attempt succeeded: its ids are the session's for good."""
+        self._claimed |= self._pending
+        self._pending = set()
+
+    def rollback(self) -> None:
+        """The current attempt failed: its ids are free again for the retry."""
+        self._pending = set()

@@ -1,0 +1,80 @@
+"""Provider tool-call ids are unique within a session after normalization (invariant 2)."""
+
+from services.model_step.tool_call_ids import ToolCallIdNormalizer
+from shared.messages import ProposedToolCall, TranscriptCall, TranscriptEntry
+
+
+def proposed(*ids):
+    return [ProposedToolCall(provider_call_id=i, name="Bash", arguments={"n": n}) for n, i in enumerate(ids)]
+
+
+def ids(calls):
+    return [c.provider_call_id for c in calls]
+
+
+def reply(normalizer, *raw):
+    calls = normalizer.normalize(proposed(*raw))
+    normalizer.commit()
+    return ids(calls)
+
+
+def test_unique_ids_pass_through_unchanged():
+    normalizer = ToolCallIdNormalizer()
+    calls = proposed("call_a", "call_b")
+    assert normalizer.normalize(calls) == calls
+    normalizer.commit()
+    assert reply(normalizer, "call_c") == ["call_c"]
+
+
+def test_an_id_repeated_across_responses_gets_the_smallest_free_suffix():
+    normalizer = ToolCallIdNormalizer()
+    assert reply(normalizer, "Bash_0", "Bash_1") == ["Bash_0", "Bash_1"]
+    assert reply(normalizer, "Bash_0") == ["Bash_0__2"]
+    assert reply(normalizer, "Bash_0", "Bash_1") == ["Bash_0__3", "Bash_1__2"]
+
+
+def test_an_id_repeated_within_one_response_is_rewritten_too():
+    normalizer = ToolCallIdNormalizer()
+    assert reply(normalizer, "Bash_0", "Bash_0", "Bash_0") == ["Bash_0", "Bash_0__2", "Bash_0__3"]
+
+
+def test_a_suffixed_id_the_provider_already_used_is_skipped():
+    normalizer = ToolCallIdNormalizer()
+    assert reply(normalizer, "x", "x__2", "x") == ["x", "x__2", "x__3"]
+
+
+def test_only_the_id_changes():
+    [call] = ToolCallIdNormalizer(["Bash_0"]).normalize(proposed("Bash_0"))
+    assert (call.provider_call_id, call.name, call.arguments) == ("Bash_0__2", "Bash", {"n": 0})
+
+
+def test_a_normalizer_seeded_from_a_restored_transcript_knows_every_id_it_holds():
+    transcript = [
+        TranscriptEntry(role="user", text="go"),
+        TranscriptEntry(role="assistant", tool_calls=[
+            TranscriptCall(call_id="call_1", provider_call_id="Bash_0", name="Bash", arguments={}),
+            TranscriptCall(call_id="call_2", provider_call_id="Bash_1", name="Bash", arguments={}),
+        ]),
+        TranscriptEntry(role="tool", call_id="call_1", provider_call_id="Bash_0", text="ok", closure="output"),
+        TranscriptEntry(role="tool", call_id="call_2", provider_call_id="Bash_1", text="ok", closure="output"),
+        TranscriptEntry(role="assistant", tool_calls=[
+            TranscriptCall(call_id="call_3", provider_call_id="Bash_0__2", name="Bash", arguments={}),
+        ]),
+        # A tool entry's id alone claims nothing: only calls the model made do.
+        TranscriptEntry(role="tool", call_id="call_3", provider_call_id="orphan_9", text="ok", closure="output"),
+    ]
+    normalizer = ToolCallIdNormalizer.from_transcript(transcript)
+    assert reply(normalizer, "Bash_0", "Bash_1", "Bash_2", "orphan_9") == ["Bash_0__3", "Bash_1__2", "Bash_2", "orphan_9"]
+
+
+def test_a_failed_attempts_claims_are_rolled_back_so_the_retry_gets_the_same_ids():
+    normalizer = ToolCallIdNormalizer(["Bash_0"])
+    first_try = ids(normalizer.normalize(proposed("Bash_0", "Bash_1")))
+    normalizer.rollback()
+    retry = ids(normalizer.normalize(proposed("Bash_0", "Bash_1")))
+    normalizer.commit()
+    assert first_try == retry == ["Bash_0__2", "Bash_1"]
+    # Committed claims survive a later rollback.
+    normalizer.normalize(proposed("Bash_0"))
+    normalizer.rollback()
+    assert reply(normalizer, "Bash_0", "Bash_1") == ["Bash_0__3", "Bash_1__2"]
