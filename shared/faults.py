@@ -1,9 +1,11 @@
 """Named fault points that crash tests arm through the environment.
 
 `SIGNOFF_FAULTS=ledger.after_commit` makes the process SIGKILL itself the first
-time it reaches that point; `name:hold` blocks there until the file
-`<data_dir>/faults/<name>.release` appears. Unarmed, a fault point is one
-frozenset lookup.
+time it reaches that point. `ledger.after_commit@step.completed` narrows it to
+one tag (for the ledger: the type of the message being applied). `:hold`
+instead blocks there until the file `<data_dir>/faults/<name>.release` exists.
+Each armed point fires once and writes `<data_dir>/faults/<name>.reached`.
+Unarmed, a fault point costs one truth test of an empty dict.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 log = logging.getLogger("signoff.faults")
 
 POINTS = {
-    "ledger.before_commit": "inside a ledger transaction, all rows written, before COMMIT",
-    "ledger.after_commit": "after a ledger transaction committed, before the message is acked",
-    "publisher.after_send": "after the outbox batch was confirmed by RabbitMQ, before it is marked sent",
+    "ledger.before_commit": "inside a ledger transaction, all rows written, before COMMIT (tag: message type)",
+    "ledger.after_commit": "after a ledger transaction committed, before the message is acked (tag: message type)",
+    "publisher.after_send": "after an outbox batch was confirmed by RabbitMQ, before it is marked sent",
+    "publisher.after_hook": "after a lifecycle hook was delivered (2xx), before it is marked delivered",
     "model_step.mid_call": "while the provider call is in flight",
     "model_step.after_report": "after the step result was published, before the request is acked",
     "executor.after_claim": "after the durable claim, before the tool runs",
@@ -27,7 +30,7 @@ POINTS = {
     "executor.after_record": "after the result was recorded, before it is reported",
 }
 
-_armed: dict[str, str] = {}
+_armed: dict[tuple[str, str | None], str] = {}
 _data_dir = Path("data")
 
 
@@ -35,16 +38,19 @@ def arm(spec: str, data_dir: Path) -> None:
     global _data_dir
     _data_dir = data_dir
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, mode = item.partition(":")
+        point, _, mode = item.partition(":")
+        name, _, tag = point.partition("@")
         if name not in POINTS:
             raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
-        _armed[name] = mode or "kill"
+        if mode not in ("", "kill", "hold"):
+            raise ValueError(f"unknown fault mode {mode!r}: use kill or hold")
+        _armed[(name, tag or None)] = mode or "kill"
 
 
-async def reached(name: str) -> None:
+async def reached(name: str, tag: str | None = None) -> None:
     if not _armed:
         return
-    mode = _armed.pop(name, None)
+    mode = _armed.pop((name, tag), None) or _armed.pop((name, None), None)
     if mode is None:
         return
     marker = _data_dir / "faults"

@@ -192,6 +192,16 @@ class ToolCallClosed(Envelope):
     reason_text: str | None = None
 
 
+class OperatorAlerted(Envelope):
+    """Something only a person can settle: e.g. an outward call whose outcome is unknown (invariant 4)."""
+
+    type: Literal["operator.alerted"] = "operator.alerted"
+    call_id: Identifier
+    tool: str
+    reason_code: str
+    reason_text: str
+
+
 class SessionWaiting(Envelope):
     type: Literal["session.waiting"] = "session.waiting"
     pending_request_ids: list[Identifier]
@@ -229,6 +239,7 @@ Event = Annotated[
         ApprovalRequested,
         ApprovalDecided,
         ToolCallClosed,
+        OperatorAlerted,
         SessionWaiting,
         TurnCompleted,
         TurnFailed,
@@ -247,6 +258,7 @@ AnyMessage = Annotated[
         ApprovalRequested,
         ApprovalDecided,
         ToolCallClosed,
+        OperatorAlerted,
         SessionWaiting,
         TurnCompleted,
         TurnFailed,

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     provider: str = "scripted"
     script_file: Path = PROJECT_ROOT / "deploy" / "script.yaml"
 
+    # Lifecycle hooks (webhooks); none when unset. See deploy/hooks.example.yaml.
+    hooks_file: Path | None = None
+
     max_message_bytes: int = 256 * 1024
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
     # that keeps failing would loop forever without one.

@@ -231,3 +231,23 @@ async def eventually(check, timeout: float = 20.0, interval: float = 0.05):
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+async def start_and_wait_for_approval(console, session_id: str, text: str = "go"):
+    """Start a turn and return (the session's event queue, its first approval.requested)."""
+    from shared.messages import StartTurn
+
+    events = await console.watch(session_id)
+    await console.send(StartTurn(session_id=session_id, text=text))
+    return events, await next_event(events, "approval.requested")
+
+
+async def rows(deployment: Deployment, model, **where) -> list:
+    """All ledger rows of one table matching column == value filters."""
+    from sqlalchemy import select
+
+    async with deployment.ledger() as sessions, sessions() as db:
+        query = select(model)
+        for column, value in where.items():
+            query = query.where(getattr(model, column) == value)
+        return list((await db.scalars(query)).all())

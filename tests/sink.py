@@ -17,6 +17,7 @@ class Sink:
         self.hold.set()  # set = not holding
         self.held = threading.Event()
         self.status = 200
+        self.hold_path: str | None = None
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -26,7 +27,8 @@ class Sink:
                 sink.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
                                       "body": body.decode(errors="replace")})
                 sink.counts[self.path] += 1
-                if not sink.hold.is_set():
+                if not sink.hold.is_set() and not sink.held.is_set() and (
+                        sink.hold_path is None or self.path.startswith(sink.hold_path)):
                     sink.held.set()
                     sink.hold.wait(60)
                 payload = json.dumps({"ok": True, "n": sink.counts[self.path]}).encode()
@@ -58,10 +60,18 @@ class Sink:
         self.server.shutdown()
         self.server.server_close()
 
-    def hold_next(self) -> None:
-        """Hold requests open (after they are counted) until release()."""
+    def hold_next(self, path: str | None = None) -> None:
+        """Hold the next request (to this path), after it is counted, until release()."""
+        self.hold_path = path
         self.held.clear()
         self.hold.clear()
+
+    def wait_held(self, timeout: float = 20.0) -> None:
+        if not self.held.wait(timeout):
+            raise AssertionError(f"no request to {self.hold_path or 'the sink'} within {timeout}s")
+
+    def headers_of(self, path: str, header: str) -> list[str]:
+        return [r["headers"].get(header) for r in self.requests if r["path"].startswith(path)]
 
     def release(self) -> None:
         self.hold.set()

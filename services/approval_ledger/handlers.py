@@ -16,6 +16,7 @@ from shared.messages import (
     ExecuteTool,
     MessageRejected,
     ModelStepCompleted,
+    OperatorAlerted,
     RequestModelStep,
     RespondToApproval,
     SessionWaiting,
@@ -410,8 +411,10 @@ async def tool_executed(ledger: Ledger, event: ToolExecuted) -> None:
         elif event.outcome == "error":
             _close(uow, session, call, "error", event, reason_code="tool_failed", reason_text=event.error)
         else:
-            _close(uow, session, call, "outcome_unknown", event, reason_code="executor_lost",
-                   reason_text=event.error or "The executor stopped mid-call; whether the call happened is unknown.")
+            reason = event.error or "The executor stopped mid-call; whether the call happened is unknown."
+            _close(uow, session, call, "outcome_unknown", event, reason_code="outcome_unknown", reason_text=reason)
+            uow.emit(session, OperatorAlerted(session_id=session.id, causation_id=event.message_id, call_id=call.id,
+                                              tool=call.tool, reason_code="outcome_unknown", reason_text=reason))
         session.updated_at = uow.now
         await _resume_if_step_closed(ledger, uow, session, call.step_id, event)
         await uow.commit()

@@ -171,3 +171,21 @@ class ExecutionClaim(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     claimed_at: Mapped[datetime]
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class HookDelivery(Base):
+    """One lifecycle hook delivery: created with the event's relay, retried until a 2xx."""
+
+    __tablename__ = "hook_deliveries"
+    __table_args__ = (UniqueConstraint("hook", "message_id"), Index("ix_hook_due", "delivered_at", "next_attempt_at"))
+    # Stable across retries and restarts: receivers use it as their idempotency key.
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    hook: Mapped[str] = mapped_column(String(128))
+    message_id: Mapped[str] = mapped_column(Id)
+    event_type: Mapped[str] = mapped_column(String(32))
+    body: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime]

@@ -26,6 +26,7 @@ class UnitOfWork:
         self._topology = topology
         self._notify_channel = notify_channel
         self.db: AsyncSession
+        self._tag: str | None = None
         self.now: datetime
 
     async def __aenter__(self) -> UnitOfWork:
@@ -45,6 +46,7 @@ class UnitOfWork:
 
     async def receive(self, message: Envelope) -> None:
         """Record the message in the inbox, or raise Duplicate if it was applied before."""
+        self._tag = message.type  # type: ignore[attr-defined]
         if await self.db.get(InboxRow, message.message_id) is not None:
             raise Duplicate(message.message_id)
         self.db.add(
@@ -80,7 +82,7 @@ class UnitOfWork:
         if self._notify_channel:
             # NOTIFY is delivered on commit only, so the publisher never wakes for a rollback.
             await self.db.execute(text("SELECT pg_notify(:channel, '')"), {"channel": self._notify_channel})
-        await faults.reached("ledger.before_commit")
+        await faults.reached("ledger.before_commit", self._tag)
         try:
             await self.db.commit()
         except IntegrityError as error:
@@ -88,4 +90,4 @@ class UnitOfWork:
             if "inbox" in str(error.orig).lower() or "message_id" in str(error.orig).lower():
                 raise Duplicate() from error
             raise
-        await faults.reached("ledger.after_commit")
+        await faults.reached("ledger.after_commit", self._tag)

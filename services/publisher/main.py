@@ -7,6 +7,7 @@ import logging
 import zlib
 
 import aio_pika
+import httpx
 from sqlalchemy.engine import make_url
 
 from services.approval_ledger.database import create_engine, migrate, sessionmaker
@@ -14,6 +15,7 @@ from services.approval_ledger.main import notify_channel
 from shared.runtime import Unreachable, _address, prepare
 from shared.settings import Settings
 
+from .hooks import HookDeliverer, load_hooks
 from .relay import OutboxRelay
 
 log = logging.getLogger("signoff.publisher")
@@ -32,9 +34,12 @@ async def run(settings: Settings) -> None:
     wake = asyncio.Event()
     listener = await _listen(settings, wake) if settings.is_postgres else None
 
+    hooks = load_hooks(settings.hooks_file)
+
     async def relay_forever() -> None:
         channel = await connection.channel(publisher_confirms=True)
-        relay = OutboxRelay(sessionmaker(engine), channel, settings.publisher_batch)
+        relay = OutboxRelay(sessionmaker(engine), channel, settings.publisher_batch, hooks)
+        deliveries = asyncio.create_task(deliver_hooks_forever()) if hooks else None
         idle_wait = 1.0 if listener else settings.publisher_poll_seconds
         while True:
             wake.clear()
@@ -44,11 +49,23 @@ async def run(settings: Settings) -> None:
                 log.warning("relay failed (%s); retrying", error)
                 await asyncio.sleep(0.5)
                 continue
+            if deliveries is not None and deliveries.done():
+                deliveries.result()
             if sent < relay.batch_size:
                 try:
                     await asyncio.wait_for(wake.wait(), idle_wait)
                 except TimeoutError:
                     pass
+
+    async def deliver_hooks_forever() -> None:
+        async with httpx.AsyncClient() as http:
+            deliverer = HookDeliverer(sessionmaker(engine), hooks, http)
+            while True:
+                try:
+                    await deliverer.deliver_due()
+                except Exception:
+                    log.exception("hook delivery loop")
+                await asyncio.sleep(0.05)
 
     try:
         # serve() declares the topology before the relay starts, so nothing is routed to nowhere.

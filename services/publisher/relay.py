@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aio_pika
 from sqlalchemy import select, update
@@ -19,6 +19,8 @@ from services.approval_ledger.models import OutboxRow
 from shared import faults
 from shared.messages import now
 
+from .hooks import Hook, schedule
+
 log = logging.getLogger("signoff.publisher")
 
 
@@ -27,13 +29,15 @@ class OutboxRelay:
     sessions: async_sessionmaker
     channel: aio_pika.abc.AbstractChannel
     batch_size: int = 500
+    hooks: list[Hook] = field(default_factory=list)
 
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
         async with self.sessions() as db:
             rows = (
                 await db.execute(
-                    select(OutboxRow.id, OutboxRow.message_id, OutboxRow.exchange, OutboxRow.routing_key, OutboxRow.body)
+                    select(OutboxRow.id, OutboxRow.message_id, OutboxRow.message_type, OutboxRow.exchange,
+                           OutboxRow.routing_key, OutboxRow.body)
                     .where(OutboxRow.sent_at.is_(None))
                     .order_by(OutboxRow.id)
                     .limit(self.batch_size)
@@ -63,4 +67,5 @@ class OutboxRelay:
         await faults.reached("publisher.after_send")
         async with self.sessions() as db, db.begin():
             await db.execute(update(OutboxRow).where(OutboxRow.id.in_([r.id for r in rows])).values(sent_at=now()))
+            schedule(db, self.hooks, rows)
         return len(rows)
