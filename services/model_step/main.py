@@ -12,12 +12,18 @@ from shared.runtime import prepare
 from shared.settings import Settings
 
 from .handlers import request_model_step
-from .providers import build_provider
+from .providers import build_providers, close_providers
+from .settings import ModelStepSettings
 
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "model-step")
-    providers = {settings.provider: build_provider(settings.provider, settings.script_file)}
+    # The shared settings as given, plus the provider settings from the environment.
+    config = ModelStepSettings(**settings.model_dump())
+    providers = build_providers(config)
     report = partial(publish, runtime.broker, runtime.topology)
     runtime.consume("step.requested", TypeAdapter(RequestModelStep), partial(request_model_step, providers, report))
-    await runtime.serve()
+    try:
+        await runtime.serve()
+    finally:
+        await close_providers(providers)

@@ -2,6 +2,7 @@
 
 The scripted provider is a real feature: it lets users drive their agent flows
 deterministically, and it is what `make run`, the tests and the benchmark use.
+The OpenAI-compatible and Anthropic providers live in their own modules.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
+from .settings import ModelStepSettings
+
 
 @dataclass
 class ProviderReply:
@@ -25,10 +28,15 @@ class ProviderReply:
 
 
 class ProviderError(Exception):
-    def __init__(self, message: str, *, retryable: bool, usage: Usage | None = None) -> None:
+    """One failed provider attempt. `usage` is what the provider billed for it
+    (zero when it never answered); `retry_after` is the provider's own hint."""
+
+    def __init__(self, message: str, *, retryable: bool, usage: Usage | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.usage = usage or Usage()
+        self.retry_after = retry_after
 
 
 class Provider(Protocol):
@@ -109,7 +117,54 @@ class ScriptedProvider:
         )
 
 
-def build_provider(name: str, script_file: Path) -> Provider:
+KNOWN_PROVIDERS = ("scripted", "openai", "anthropic")
+
+
+def build_provider(name: str, script_file: Path, settings: ModelStepSettings | None = None) -> Provider:
+    """The provider called `name`, built from settings; exits with a clear message
+    if it is unknown or not configured.
+
+    - "scripted" replays `script_file` and needs nothing else.
+    - "openai" is any OpenAI-compatible chat-completions server:
+      SIGNOFF_OPENAI_BASE_URL, SIGNOFF_OPENAI_MODEL (required), SIGNOFF_OPENAI_API_KEY (optional).
+    - "anthropic" is the Messages API: SIGNOFF_ANTHROPIC_BASE_URL, SIGNOFF_ANTHROPIC_MODEL and
+      SIGNOFF_ANTHROPIC_API_KEY (both required).
+    `settings` defaults to the environment. One provider object per name, shared by
+    every session that names it; it holds one HTTP connection pool and no session state.
+    """
     if name == "scripted":
         return ScriptedProvider.from_file(script_file)
-    raise SystemExit(f"unknown model provider {name!r}; known: scripted")
+    if name not in KNOWN_PROVIDERS:
+        raise SystemExit(f"unknown model provider {name!r}; known: {', '.join(KNOWN_PROVIDERS)}")
+    settings = settings or ModelStepSettings()
+    if name == "openai":
+        from .openai_compatible import OpenAICompatibleProvider
+
+        if not settings.openai_model:
+            raise SystemExit("the openai provider needs a model: set SIGNOFF_OPENAI_MODEL")
+        return OpenAICompatibleProvider(
+            base_url=settings.openai_base_url, model=settings.openai_model, api_key=settings.openai_api_key,
+            timeout_seconds=settings.openai_timeout_seconds, max_tokens=settings.openai_max_tokens,
+        )
+    from .anthropic_messages import AnthropicProvider
+
+    if not settings.anthropic_model or settings.anthropic_api_key is None:
+        raise SystemExit("the anthropic provider needs SIGNOFF_ANTHROPIC_MODEL and SIGNOFF_ANTHROPIC_API_KEY")
+    return AnthropicProvider(
+        base_url=settings.anthropic_base_url, model=settings.anthropic_model, api_key=settings.anthropic_api_key,
+        version=settings.anthropic_version, max_tokens=settings.anthropic_max_tokens,
+        timeout_seconds=settings.anthropic_timeout_seconds,
+    )
+
+
+def build_providers(settings: ModelStepSettings) -> dict[str, Provider]:
+    """Every provider the settings name (SIGNOFF_PROVIDER plus SIGNOFF_PROVIDERS), keyed by
+    name: a step request runs on the one its session names."""
+    return {name: build_provider(name, settings.script_file, settings) for name in settings.provider_names}
+
+
+async def close_providers(providers: dict[str, Provider]) -> None:
+    for provider in providers.values():
+        close = getattr(provider, "aclose", None)
+        if close is not None:
+            await close()
