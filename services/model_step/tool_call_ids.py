@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TypeVar
 
-from shared.messages import ProposedToolCall, TranscriptEntry
+from shared.messages import ProposedToolCall, TranscriptCall, TranscriptEntry
+
+Call = TypeVar("Call", ProposedToolCall, TranscriptCall)
 
 log = logging.getLogger("signoff.model_step.ids")
 
@@ -46,7 +49,7 @@ class ToolCallIdNormalizer:
     def is_claimed(self, provider_call_id: str) -> bool:
         return provider_call_id in self._claimed or provider_call_id in self._pending
 
-    def normalize(self, calls: Iterable[ProposedToolCall]) -> list[ProposedToolCall]:
+    def normalize(self, calls: Iterable[Call]) -> list[Call]:
         """The calls with unique ids, claimed for the current attempt (see commit and rollback)."""
         normalized = []
         for call in calls:
@@ -71,3 +74,38 @@ class ToolCallIdNormalizer:
     def rollback(self) -> None:
         """The current attempt failed: its ids are free again for the retry."""
         self._pending = set()
+
+
+def unique_wire_ids(transcript: list[TranscriptEntry], session_id: str = "") -> list[TranscriptEntry]:
+    """The transcript with the same rule applied to the calls it already holds.
+
+    Calls stored before this normalizer existed may share a provider id, and a
+    strict provider rejects such a request on every turn. The rewrite is made
+    in transcript order, so a stored id never changes once it is unique, and
+    each result follows its call's new id (by Signoff's call id, or for results
+    without one, by position in the run of results after the call, which is
+    where the guard puts them). Run it on the guard's output. Healthy
+    transcripts come back unchanged.
+    """
+    normalizer = ToolCallIdNormalizer(session_id=session_id)
+    out: list[TranscriptEntry] = []
+    wire_ids: dict[str, str] = {}
+    run: list[str] = []  # wire ids of the last assistant message's calls, by position
+    run_position = 0
+    for entry in transcript:
+        if entry.role == "assistant":
+            calls = normalizer.normalize(entry.tool_calls)
+            normalizer.commit()
+            wire_ids.update((c.call_id, c.provider_call_id) for c in calls)
+            run, run_position = [c.provider_call_id for c in calls], 0
+            if calls != entry.tool_calls:
+                entry = entry.model_copy(update={"tool_calls": calls})
+        elif entry.role == "tool":
+            wire = wire_ids.get(entry.call_id or "") or (run[run_position] if run_position < len(run) else None)
+            run_position += 1
+            if wire is not None and wire != entry.provider_call_id:
+                entry = entry.model_copy(update={"provider_call_id": wire})
+        else:
+            run = []
+        out.append(entry)
+    return out

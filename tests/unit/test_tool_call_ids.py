@@ -1,6 +1,6 @@
 """Provider tool-call ids are unique within a session after normalization (invariant 2)."""
 
-from services.model_step.tool_call_ids import ToolCallIdNormalizer
+from services.model_step.tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
 from shared.messages import ProposedToolCall, TranscriptCall, TranscriptEntry
 
 
@@ -78,3 +78,26 @@ def test_a_failed_attempts_claims_are_rolled_back_so_the_retry_gets_the_same_ids
     normalizer.normalize(proposed("Bash_0"))
     normalizer.rollback()
     assert reply(normalizer, "Bash_0", "Bash_1") == ["Bash_0__3", "Bash_1__2"]
+
+
+def test_calls_stored_with_repeated_ids_go_on_the_wire_with_unique_ones_and_their_results_follow():
+    def asked(call_id, provider_id):
+        return TranscriptEntry(role="assistant", tool_calls=[
+            TranscriptCall(call_id=call_id, provider_call_id=provider_id, name="Bash", arguments={})])
+
+    def result(call_id, provider_id):
+        return TranscriptEntry(role="tool", call_id=call_id, provider_call_id=provider_id, text="ok", closure="output")
+
+    legacy = [
+        TranscriptEntry(role="user", text="go"),
+        asked("call_1", "Bash_0"), result("call_1", "Bash_0"),
+        asked("call_2", "Bash_0"), result("call_2", "Bash_0"),
+        # A result from before Signoff minted call ids: it follows its call by position.
+        asked("call_3", "Bash_0"), TranscriptEntry(role="tool", provider_call_id="Bash_0", text="ok", closure="output"),
+    ]
+    wire = unique_wire_ids(legacy)
+    assert [(e.role, e.provider_call_id or [c.provider_call_id for c in e.tool_calls]) for e in wire] == [
+        ("user", []), ("assistant", ["Bash_0"]), ("tool", "Bash_0"), ("assistant", ["Bash_0__2"]),
+        ("tool", "Bash_0__2"), ("assistant", ["Bash_0__3"]), ("tool", "Bash_0__3")]
+    assert unique_wire_ids(wire) == wire
+    assert unique_wire_ids(legacy[:3]) == legacy[:3]
