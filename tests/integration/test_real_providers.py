@@ -1,0 +1,337 @@
+"""The OpenAI-compatible and Anthropic providers against strict loopback fakes
+(tests/fake_providers.py), through the model-step handler, and one session on
+the real services against a provider that renumbers its tool-call ids
+(invariants 2, 3, 7)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from contextlib import asynccontextmanager
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import select
+
+from services.approval_ledger.models import Closure, ProviderAttemptRow, ToolCall
+from services.model_step import anthropic_messages, openai_compatible
+from services.model_step.anthropic_messages import AnthropicProvider
+from services.model_step.handlers import request_model_step
+from services.model_step.openai_compatible import OpenAICompatibleProvider
+from services.model_step.providers import ProviderError, ScriptedProvider, build_provider, build_providers
+from services.model_step.settings import ModelStepSettings
+from shared.messages import (
+    RequestModelStep,
+    StartTurn,
+    ToolDescription,
+    TranscriptCall,
+    TranscriptEntry,
+    mint,
+)
+from shared.settings import PROJECT_ROOT
+from tests.fake_providers import FakeAnthropic, FakeOpenAI, FakeReply
+from tests.harness import next_event
+
+KEY = "sk-test-4f1c9e2b7d-never-shown"
+TOOLS = [ToolDescription(
+    name="post_to_sink", description="Post a message.",
+    parameters={"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]},
+)]
+POST = ("post_to_sink", {"message": "hello"})
+
+
+@asynccontextmanager
+async def served(kind: str, script: list[FakeReply], *, renumber: bool = False, client_key: str = KEY):
+    """A strict fake server of this kind and a provider pointed at it."""
+    if kind == "openai":
+        fake = FakeOpenAI(script, api_key=KEY, renumber=renumber)
+        provider = OpenAICompatibleProvider(base_url=fake.base_url, model="fake-gpt", api_key=SecretStr(client_key))
+    else:
+        fake = FakeAnthropic(script, api_key=KEY)
+        provider = AnthropicProvider(base_url=fake.base_url, model="fake-claude", api_key=SecretStr(client_key))
+    with fake:
+        try:
+            yield fake, provider
+        finally:
+            await provider.aclose()
+
+
+async def step(provider, transcript: list[TranscriptEntry], session_id: str = "ses_1"):
+    """Run the model-step handler once; the report it would publish."""
+    reports = []
+
+    async def report(message):
+        reports.append(message)
+
+    await request_model_step({provider.name: provider}, report, RequestModelStep(
+        session_id=session_id, step_id=mint("stp"), provider=provider.name, transcript=transcript, tools=TOOLS))
+    [reported] = reports
+    return reported
+
+
+def user(text: str) -> TranscriptEntry:
+    return TranscriptEntry(role="user", text=text)
+
+
+def asked(*provider_ids: str, text: str = "") -> TranscriptEntry:
+    return TranscriptEntry(role="assistant", text=text, tool_calls=[
+        TranscriptCall(call_id=f"call_{p}_{i}", provider_call_id=p, name="post_to_sink", arguments={"message": p})
+        for i, p in enumerate(provider_ids)
+    ])
+
+
+def results_for(entry: TranscriptEntry, text: str = "ok") -> list[TranscriptEntry]:
+    """What the ledger writes after an assistant entry once its calls are closed."""
+    return [TranscriptEntry(role="tool", call_id=c.call_id, provider_call_id=c.provider_call_id, text=text,
+                            closure="output") for c in entry.tool_calls]
+
+
+def as_ledger_would_store(reported, n: int) -> TranscriptEntry:
+    return TranscriptEntry(role="assistant", text=reported.text, tool_calls=[
+        TranscriptCall(call_id=f"call_{n}_{i}", provider_call_id=c.provider_call_id, name=c.name, arguments=c.arguments)
+        for i, c in enumerate(reported.tool_calls)
+    ])
+
+
+both = pytest.mark.parametrize("kind", ["openai", "anthropic"])
+
+
+# --- one step -------------------------------------------------------------------
+
+
+@both
+async def test_a_reply_with_a_tool_call_comes_back_with_the_usage_the_provider_reported(kind):
+    async with served(kind, [FakeReply("Posting.", [POST])]) as (fake, provider):
+        reported = await step(provider, [user("post hello")])
+    assert reported.error is None and reported.text == "Posting."
+    [call] = reported.tool_calls
+    assert (call.name, call.arguments) == POST
+    [attempt] = reported.attempts
+    assert attempt.status == "completed" and attempt.provider == kind
+    assert (attempt.usage.input_tokens, attempt.usage.output_tokens) == (fake.usages[0]["input"], fake.usages[0]["output"])
+    assert attempt.usage.input_tokens > 0 and attempt.usage.output_tokens > 0
+
+
+@both
+async def test_429_and_500_are_retried_and_recorded_as_failed_attempts_before_the_completed_one(kind):
+    async with served(kind, [FakeReply("Hello.")]) as (fake, provider):
+        fake.fail_next(1, 429)
+        fake.fail_next(1, 500)
+        reported = await step(provider, [user("hi")])
+    assert fake.statuses == [429, 500, 200]
+    assert reported.error is None and reported.text == "Hello."
+    assert [(a.number, a.status) for a in reported.attempts] == [(1, "failed"), (2, "failed"), (3, "completed")]
+    assert "HTTP 429" in reported.attempts[0].error and "HTTP 500" in reported.attempts[1].error
+    assert reported.attempts[2].usage.input_tokens == fake.usages[0]["input"]
+
+
+@both
+async def test_a_provider_that_keeps_failing_fails_the_step_with_every_attempt_recorded(kind):
+    async with served(kind, [FakeReply("never")]) as (fake, provider):
+        fake.fail_next(5, 503)
+        reported = await step(provider, [user("hi")])
+    assert fake.statuses == [503, 503, 503]
+    assert reported.error and "HTTP 503" in reported.error and reported.tool_calls == []
+    assert [a.status for a in reported.attempts] == ["failed"] * 3
+
+
+async def test_a_provider_that_cannot_be_reached_is_retried_as_well():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    provider = OpenAICompatibleProvider(base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key=SecretStr(KEY))
+    try:
+        reported = await step(provider, [user("hi")])
+    finally:
+        await provider.aclose()
+    assert [a.status for a in reported.attempts] == ["failed"] * 3
+    assert "ConnectError" in reported.error
+
+
+@both
+async def test_a_rejected_key_is_not_retried_and_no_key_appears_in_errors_logs_or_reprs(kind, caplog):
+    with caplog.at_level(logging.DEBUG):
+        async with served(kind, [FakeReply("never")], client_key=KEY + "-wrong") as (fake, provider):
+            reported = await step(provider, [user("hi")])
+            shown = repr(provider)
+    assert fake.statuses == [401]
+    [attempt] = reported.attempts
+    assert attempt.status == "failed" and "HTTP 401" in attempt.error
+    assert KEY not in reported.model_dump_json() and KEY not in shown
+    assert not [r for r in caplog.records if KEY in r.getMessage()]
+    config = ModelStepSettings(openai_api_key=KEY, anthropic_api_key=KEY)
+    assert KEY not in repr(config) and KEY not in str(config)
+
+
+# --- invariant 3: the strict servers never see a dangling call --------------------
+
+
+@both
+async def test_a_dangling_call_the_strict_server_would_reject_is_healed_before_it_is_sent(kind):
+    # An assistant call whose result was lost, then a new user turn (a broken stored transcript).
+    broken = [user("post hello"), asked("p_lost"), user("are you there?")]
+    async with served(kind, [FakeReply("ignored"), FakeReply("I am here.")]) as (fake, provider):
+        with pytest.raises(ProviderError) as refused:
+            await provider.complete("ses_1", broken, TOOLS)  # unguarded: the strict server refuses it
+        assert "HTTP 400" in str(refused.value) and not refused.value.retryable
+        reported = await step(provider, broken)
+    assert fake.statuses == [400, 200]
+    assert reported.error is None and reported.text == "I am here."
+    sent = fake.requests[-1]["body"]["messages"]
+    if kind == "openai":
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+        assert sent[2]["tool_call_id"] == "p_lost"
+        assert sent[2]["content"].startswith("Error: this tool call was never closed;")
+    else:
+        assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+        result, note = sent[2]["content"]
+        assert result["type"] == "tool_result" and result["tool_use_id"] == "p_lost" and result["is_error"]
+        assert result["content"].startswith("Error: this tool call was never closed;")
+        assert note == {"type": "text", "text": "are you there?"}
+
+
+async def test_anthropic_gets_a_messages_results_and_the_note_after_them_in_one_user_message():
+    call = asked("toolu_a", "toolu_b", text="Posting twice.")
+    denied = TranscriptEntry(role="tool", call_id=call.tool_calls[1].call_id, provider_call_id="toolu_b",
+                             text="The user denied this tool call. Reason: not now", closure="denied")
+    transcript = [user("post twice"), call, results_for(call)[0], denied, user("[ann, with their decision] later")]
+    async with served("anthropic", [FakeReply(), FakeReply("Understood.")]) as (fake, provider):
+        reported = await step(provider, transcript)
+    assert fake.statuses == [200] and reported.text == "Understood."
+    sent = fake.requests[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert [(b["type"], b.get("tool_use_id"), b.get("is_error")) for b in sent[2]["content"]] == [
+        ("tool_result", "toolu_a", False), ("tool_result", "toolu_b", True), ("text", None, None)]
+    assert anthropic_messages.to_messages(transcript) == sent
+
+
+def test_openai_gets_tool_calls_as_functions_and_results_as_tool_messages():
+    call = asked("call_x", text="")
+    messages = openai_compatible.to_messages([user("hi"), call, *results_for(call, "done")])
+    assert messages[1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_x", "type": "function", "function": {"name": "post_to_sink", "arguments": '{"message": "call_x"}'}}]}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_x", "content": "done"}
+
+
+# --- invariant 2: provider ids are unique per session ----------------------------
+
+
+async def test_a_renumbering_server_gets_ids_that_stay_unique_across_steps():
+    script = [FakeReply("one", [POST]), FakeReply("two", [POST, POST]), FakeReply("three", [POST]), FakeReply("done")]
+    transcript = [user("go")]
+    seen = []
+    async with served("openai", script, renumber=True) as (fake, provider):
+        for n in range(3):
+            reported = await step(provider, transcript)
+            assert reported.error is None, reported.error
+            seen.append([c.provider_call_id for c in reported.tool_calls])
+            stored = as_ledger_would_store(reported, n)
+            transcript += [stored, *results_for(stored)]
+        final = await step(provider, transcript)
+    assert seen == [["Bash_0"], ["Bash_0__2", "Bash_1"], ["Bash_0__3"]]
+    assert final.text == "done" and fake.bad_requests == []
+
+
+async def test_ids_repeated_in_a_transcript_stored_before_normalization_are_made_unique_on_the_wire():
+    first, second = asked("Bash_0"), asked("Bash_0")
+    second = second.model_copy(update={"tool_calls": [second.tool_calls[0].model_copy(update={"call_id": "call_two"})]})
+    legacy = [user("go"), first, *results_for(first, "one"), user("again"), second, *results_for(second, "two")]
+    async with served("openai", [FakeReply(), FakeReply(), FakeReply("ok", [POST])], renumber=True) as (fake, provider):
+        reported = await step(provider, legacy)
+    assert fake.statuses == [200]
+    sent = fake.requests[0]["body"]["messages"]
+    assert [m.get("tool_call_id") or [c["id"] for c in m.get("tool_calls", [])] for m in sent] == [
+        [], ["Bash_0"], "Bash_0", [], ["Bash_0__2"], "Bash_0__2"]
+    assert [m.get("content") for m in sent if m["role"] == "tool"] == ["one", "two"]
+    assert [c.provider_call_id for c in reported.tool_calls] == ["Bash_0__3"]
+
+
+def test_tool_arguments_that_are_not_a_json_object_are_a_retryable_failure_that_keeps_its_usage():
+    answer = {"choices": [{"message": {"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "post_to_sink", "arguments": "{not json"}}]}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 4}}
+    with pytest.raises(ProviderError) as failure:
+        openai_compatible.parse_reply(answer)
+    assert failure.value.retryable and failure.value.usage.input_tokens == 11 and failure.value.usage.output_tokens == 4
+
+
+# --- building providers ------------------------------------------------------------
+
+
+def test_build_provider_still_builds_the_scripted_provider_and_several_can_be_held_at_once():
+    script = PROJECT_ROOT / "tests" / "fixtures" / "script.yaml"
+    assert isinstance(build_provider("scripted", script), ScriptedProvider)
+    config = ModelStepSettings(provider="scripted", providers="openai, anthropic", script_file=script,
+                               openai_model="m", anthropic_model="c", anthropic_api_key=KEY)
+    providers = build_providers(config)
+    assert sorted(providers) == ["anthropic", "openai", "scripted"]
+    assert all(p.name == name for name, p in providers.items())
+    with pytest.raises(SystemExit, match="SIGNOFF_OPENAI_MODEL"):
+        build_provider("openai", script, ModelStepSettings(openai_model=""))
+    with pytest.raises(SystemExit, match="known: scripted, openai, anthropic"):
+        build_provider("gpt", script)
+
+
+async def test_a_session_naming_a_provider_that_is_not_held_fails_its_step_with_one_recorded_attempt():
+    reports = []
+
+    async def report(message):
+        reports.append(message)
+
+    await request_model_step({}, report, RequestModelStep(
+        session_id="ses_1", step_id="stp_1", provider="openai", transcript=[user("hi")], tools=TOOLS))
+    [reported] = reports
+    assert "no provider named 'openai'" in reported.error and [a.status for a in reported.attempts] == ["failed"]
+
+
+# --- end to end, on the real services ------------------------------------------------
+
+
+async def test_a_renumbering_provider_still_gets_both_approvals_executed_once(deployment, sink):
+    script = [
+        FakeReply("I will post the first.", [("post_to_sink", {"message": "first"})]),
+        FakeReply("Posted."),
+        FakeReply("I will post the second.", [("post_to_sink", {"message": "second"})]),
+        FakeReply("Posted again."),
+    ]
+    with FakeOpenAI(script, api_key=KEY, renumber=True) as fake:
+        deployment.extra_env.update(
+            SINK_URL=sink.url, SINK_TOKEN="tok-123",
+            SIGNOFF_PROVIDER="openai", SIGNOFF_OPENAI_BASE_URL=fake.base_url,
+            SIGNOFF_OPENAI_MODEL="fake-gpt", SIGNOFF_OPENAI_API_KEY=KEY,
+        )
+        deployment.start()
+        session_id = mint("ses")
+        cards = []
+        async with deployment.console() as console:
+            events = await console.watch(session_id)
+            for text, final in (("post the first", "Posted."), ("post the second", "Posted again.")):
+                await console.send(StartTurn(session_id=session_id, text=text))
+                requested = await next_event(events, "approval.requested", "turn.failed")
+                assert requested.type == "approval.requested", requested
+                cards.append(requested)
+                await console.respond(requested.request_id, "approve", "", "", "tester")
+                completed = await next_event(events, "turn.completed", "turn.failed")
+                assert completed.type == "turn.completed", completed
+                assert completed.text == final
+
+    assert [c.card.arguments for c in cards] == [{"message": "first"}, {"message": "second"}]
+    assert cards[0].request_id != cards[1].request_id and cards[0].call_id != cards[1].call_id
+    assert sink.counts["/sink"] == 2
+    assert [json.loads(r["body"])["message"] for r in sink.requests] == ["first", "second"]
+    assert fake.bad_requests == [] and fake.statuses == [200] * 4
+    # The provider called both `Bash_0`; the second went on, and back to it, as `Bash_0__2`.
+    last = fake.requests[-1]["body"]["messages"]
+    assert [c["id"] for m in last for c in m.get("tool_calls") or []] == ["Bash_0", "Bash_0__2"]
+    assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ["Bash_0", "Bash_0__2"]
+    async with deployment.ledger() as ledger, ledger() as db:
+        calls = (await db.scalars(select(ToolCall).where(ToolCall.session_id == session_id)
+                                  .order_by(ToolCall.created_at))).all()
+        assert [c.provider_call_id for c in calls] == ["Bash_0", "Bash_0__2"]
+        closures = (await db.scalars(select(Closure).where(Closure.session_id == session_id))).all()
+        assert sorted(c.kind for c in closures) == ["output", "output"]
+        attempts = (await db.scalars(select(ProviderAttemptRow).where(ProviderAttemptRow.session_id == session_id)
+                                     .order_by(ProviderAttemptRow.id))).all()
+        assert [(a.status, a.provider) for a in attempts] == [("completed", "openai")] * 4
+        assert [(a.input_tokens, a.output_tokens) for a in attempts] == [(u["input"], u["output"]) for u in fake.usages]
