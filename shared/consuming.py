@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from faststream.rabbit import RabbitBroker, RabbitMessage
@@ -23,6 +24,10 @@ from shared.messages import Envelope, encode
 from shared.topology import COMMAND_TYPES, DETAIL_HEADER, REASON_HEADER, Topology
 
 log = logging.getLogger("signoff.consuming")
+
+# How many times the message being handled was delivered before and not acked:
+# a handler that died mid-way leaves its mark here (quorum queues count it).
+previous_deliveries: ContextVar[int] = ContextVar("previous_deliveries", default=0)
 
 
 class Rejected(Exception):
@@ -73,6 +78,7 @@ class Inbound:
         if await self._already_handled(message.message_id):
             await raw.ack()
             return
+        previous_deliveries.set(int((raw.headers or {}).get("x-delivery-count") or 0))
         try:
             await handle(message)
         except Rejected as rejection:

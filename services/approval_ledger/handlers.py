@@ -238,7 +238,7 @@ async def model_step_completed(ledger: Ledger, event: ModelStepCompleted) -> Non
                 session_id=session.id,
                 step_id=step.id,
                 number=attempt.number,
-                status="discarded" if duplicate_report and attempt.status == "completed" else attempt.status,
+                status="discarded" if duplicate_report else attempt.status,
                 provider=attempt.provider,
                 input_tokens=attempt.usage.input_tokens,
                 output_tokens=attempt.usage.output_tokens,
