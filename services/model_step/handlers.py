@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shared import faults
+from shared.consuming import previous_deliveries
 from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep
 
 from .providers import Provider, ProviderError
@@ -37,12 +38,19 @@ async def request_model_step(
     transcript = unique_wire_ids(heal(request.transcript, request.session_id), request.session_id)
     # Stateless: the session's claimed provider ids come from its transcript.
     ids = ToolCallIdNormalizer.from_transcript(transcript, session_id=request.session_id)
-    attempts: list[ProviderAttempt] = []
+    # A delivery that was never acked died with its provider call in flight (or
+    # after reporting, which the ledger tells apart): counted, not forgotten (invariant 7).
+    lost = previous_deliveries.get()
+    attempts: list[ProviderAttempt] = [
+        ProviderAttempt(number=n, status="abandoned", provider=request.provider,
+                        error="the model-step stopped before this attempt was reported")
+        for n in range(1, lost + 1)
+    ]
     reply, tool_calls, error = None, [], None
     if provider is None:
         error = f"no provider named {request.provider!r} is configured"
-        attempts.append(ProviderAttempt(number=1, status="failed", provider=request.provider, error=error))
-    for number in range(1, MAX_ATTEMPTS + 1 if provider else 0):
+        attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
+    for number in range(lost + 1, lost + MAX_ATTEMPTS + 1 if provider else 0):
         try:
             await faults.reached("model_step.mid_call")
             reply = await provider.complete(request.session_id, transcript, request.tools)
@@ -58,9 +66,9 @@ async def request_model_step(
             error = str(failure)[:4000]
             log.warning("session %s step %s: provider %s attempt %d failed (%s): %s", request.session_id,
                         request.step_id, provider.name, number, "will retry" if failure.retryable else "final", error)
-            if not failure.retryable or number == MAX_ATTEMPTS:
+            if not failure.retryable or number == lost + MAX_ATTEMPTS:
                 break
-            await asyncio.sleep(backoff(number, failure.retry_after))
+            await asyncio.sleep(backoff(number - lost, failure.retry_after))
     await report(
         ModelStepCompleted(
             session_id=request.session_id,

@@ -21,6 +21,7 @@ from services.model_step.handlers import request_model_step
 from services.model_step.openai_compatible import OpenAICompatibleProvider
 from services.model_step.providers import ProviderError, ScriptedProvider, build_provider, build_providers
 from services.model_step.settings import ModelStepSettings
+from shared.consuming import previous_deliveries
 from shared.messages import (
     RequestModelStep,
     StartTurn,
@@ -162,6 +163,18 @@ async def test_a_rejected_key_is_not_retried_and_no_key_appears_in_errors_logs_o
     assert not [r for r in caplog.records if KEY in r.getMessage()]
     config = ModelStepSettings(openai_api_key=KEY, anthropic_api_key=KEY)
     assert KEY not in repr(config) and KEY not in str(config)
+
+
+async def test_a_redelivered_step_counts_the_delivery_that_died_as_an_abandoned_attempt():
+    token = previous_deliveries.set(1)
+    try:
+        async with served("openai", [FakeReply("Hello.")]) as (fake, provider):
+            fake.fail_next(1, 500)
+            reported = await step(provider, [user("hi")])
+    finally:
+        previous_deliveries.reset(token)
+    assert [(a.number, a.status) for a in reported.attempts] == [(1, "abandoned"), (2, "failed"), (3, "completed")]
+    assert reported.error is None and fake.statuses == [500, 200]
 
 
 # --- invariant 3: the strict servers never see a dangling call --------------------
