@@ -234,6 +234,9 @@ async def model_step_completed(ledger: Ledger, event: ModelStepCompleted) -> Non
         # died after reporting): keep its attempts, counted as discarded (invariant 7).
         duplicate_report = step.status != "requested"
         for attempt in event.attempts:
+            if duplicate_report and attempt.status == "abandoned":
+                # The "lost" delivery is the one whose report is already on record.
+                continue
             uow.db.add(ProviderAttemptRow(
                 session_id=session.id,
                 step_id=step.id,
