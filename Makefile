@@ -19,8 +19,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/signoff demo
 
+# The broker-restart test restarts the shared RabbitMQ, so it runs alone, last.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 tests
+	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart" tests
+	$(BIN)/python -m pytest -q -m broker_restart tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -29,7 +31,8 @@ integration: $(STAMP)
 	$(BIN)/python -m pytest -n $(WORKERS) -q tests/integration
 
 crash: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) -q tests/crash
+	$(BIN)/python -m pytest -n $(WORKERS) -q -m "not broker_restart" tests/crash
+	$(BIN)/python -m pytest -q -m broker_restart tests/crash
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)

@@ -79,8 +79,15 @@ class Inbound:
             await raw.ack()
             return
         previous_deliveries.set(int((raw.headers or {}).get("x-delivery-count") or 0))
+        work = asyncio.ensure_future(handle(message))
         try:
-            await handle(message)
+            # A lost broker connection cancels the consumer; the work itself is
+            # finished anyway, so a half-run tool call or transaction is not cut
+            # short. Its redelivery then finds it done.
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(_log_failure)
+            raise
         except Rejected as rejection:
             await self.dead_letter(raw, rejection.code, rejection.detail)
             return
@@ -126,6 +133,12 @@ class Inbound:
             },
         )
         await raw.ack()
+
+
+def _log_failure(work: asyncio.Future) -> None:
+    if not work.cancelled() and work.exception() is not None:
+        log.warning("work finished after its consumer was cancelled, with %r; the redelivery will retry it",
+                    work.exception())
 
 
 def _describe(error: ValidationError) -> str:
