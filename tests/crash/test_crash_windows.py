@@ -112,6 +112,8 @@ async def test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
     reports = [r for r in await rows(deployment, InboxRow, session_id=session_id) if r.message_type == "step.completed"]
     assert len(reports) == 2, "two steps, each report applied once"
+    attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)
+    assert [a.status for a in attempts] == ["completed", "completed"], "the redelivery never reached the handler"
 
 
 async def test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it(
@@ -123,6 +125,9 @@ async def test_a_publisher_killed_after_send_before_marking_resends_with_the_sam
     session_id = mint("ses")
     async with deployment.console() as console:
         events = await console.watch(session_id)
+        # A copy of every step request, to see the resend itself.
+        copies = await console.channel.declare_queue(exclusive=True)
+        await copies.bind(f"{deployment.namespace}.commands", routing_key="step.requested")
         from shared.messages import StartTurn
 
         await console.send(StartTurn(session_id=session_id, text="go"))
@@ -130,6 +135,10 @@ async def test_a_publisher_killed_after_send_before_marking_resends_with_the_sam
         deployment.start("publisher")
         requested = await next_event(events, "approval.requested")
         await finish(console, events, requested)
+        ids = []
+        while (raw := await copies.get(no_ack=True, fail=False)) is not None:
+            ids.append(raw.message_id)
+    assert len(ids) == 3 and ids[0] == ids[1] != ids[2], "the first batch was sent again with the same message id"
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
     attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)
     assert sorted(a.status for a in attempts if a.status != "discarded") == ["completed", "completed"]
@@ -284,6 +293,8 @@ async def test_redis_flushed_at_every_step_changes_nothing_but_speed(pg_deployme
         deployment.start("approval-ledger")
         await next_event(events, "turn.completed", timeout=30)
         await _flush(deployment)
+        stray = [e async for e in _drain(events) if e.type in ("message.rejected", "approval.decided")]
+        assert stray == [], "the redelivered response was a silent no-op (inbox), not applied or judged again"
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
 

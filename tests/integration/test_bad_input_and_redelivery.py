@@ -42,7 +42,8 @@ async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flu
             await eventually(duplicates_seen)
             # Give the ledger the time to (wrongly) act on them before counting.
             await console.send(StartTurn(session_id=session_id, text="after the duplicates"))
-            await next_event(events, "turn.completed", "message.rejected")
+            after = await next_event(events, "turn.completed", "message.rejected")
+            assert after.type == "turn.completed", "the duplicates were dropped silently, not judged as stale"
             async with ledger() as db:
                 assert await db.scalar(select(func.count()).select_from(Decision)) == 1
     assert sink.counts["/sink"] == 1
