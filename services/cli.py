@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -42,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("text", nargs="?", default="Please publish the release notes for version 1.2.")
     start.add_argument("--session", help="an existing session id, or the id for a new one")
     start.add_argument("--wait", action="store_true", help="follow the session's events until it waits or idles")
+    start.add_argument("--provider", help="model provider for a new session (scripted, openai, anthropic)")
     show = session_commands.add_parser("show", help="a session's status, transcript and pending requests")
     show.add_argument("session_id")
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             return console.demo(settings)
         if args.command == "session" and args.session_command == "start":
-            return asyncio.run(console.start_session(settings, args.text, args.session, args.wait))
+            return asyncio.run(console.start_session(settings, args.text, args.session, args.wait, args.provider))
         if args.command == "session":
             return asyncio.run(console.show_session(settings, args.session_id))
         if args.command == "pending":

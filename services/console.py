@@ -98,11 +98,12 @@ async def migrate_only(settings: Settings) -> int:
     return 0
 
 
-async def start_session(settings: Settings, text: str, session_id: str | None, wait: bool) -> int:
+async def start_session(settings: Settings, text: str, session_id: str | None, wait: bool,
+                        provider: str | None = None) -> int:
     session_id = session_id or mint("ses")
     async with Console(settings) as console:
         queue = await console.watch(session_id) if wait else None
-        await console.send(StartTurn(session_id=session_id, text=text))
+        await console.send(StartTurn(session_id=session_id, text=text, provider=provider))
         print(session_id)
         if queue is not None:
             async with queue.iterator() as messages:

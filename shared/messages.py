@@ -117,6 +117,8 @@ class ApprovalCard(Model):
 class StartTurn(Envelope):
     type: Literal["turn.start"] = "turn.start"
     text: str = Field(min_length=1, max_length=100_000)
+    # The model provider for a new session (e.g. "openai"); the default when unset.
+    provider: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9_-]+$")
 
 
 class RespondToApproval(Envelope):
@@ -230,44 +232,23 @@ class MessageRejected(Envelope):
     reason_text: str
 
 
-LedgerInput = Annotated[
-    Union[StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted],
-    Field(discriminator="type"),
-]
-Event = Annotated[
-    Union[
-        ApprovalRequested,
-        ApprovalDecided,
-        ToolCallClosed,
-        OperatorAlerted,
-        SessionWaiting,
-        TurnCompleted,
-        TurnFailed,
-        MessageRejected,
-    ],
-    Field(discriminator="type"),
-]
-AnyMessage = Annotated[
-    Union[
-        StartTurn,
-        RespondToApproval,
-        ModelStepCompleted,
-        ToolExecuted,
-        RequestModelStep,
-        ExecuteTool,
-        ApprovalRequested,
-        ApprovalDecided,
-        ToolCallClosed,
-        OperatorAlerted,
-        SessionWaiting,
-        TurnCompleted,
-        TurnFailed,
-        MessageRejected,
-    ],
-    Field(discriminator="type"),
-]
+LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted)
+SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
+EVENTS = (
+    ApprovalRequested,
+    ApprovalDecided,
+    ToolCallClosed,
+    OperatorAlerted,
+    SessionWaiting,
+    TurnCompleted,
+    TurnFailed,
+    MessageRejected,
+)
+Event = Annotated[Union[EVENTS], Field(discriminator="type")]
+AnyMessage = Annotated[Union[LEDGER_INPUTS + SERVICE_COMMANDS + EVENTS], Field(discriminator="type")]
 ANY_MESSAGE: TypeAdapter[Any] = TypeAdapter(AnyMessage)
 EVENT: TypeAdapter[Any] = TypeAdapter(Event)
+EVENT_TYPES = frozenset(event.model_fields["type"].default for event in EVENTS)
 
 
 def encode(message: Envelope) -> bytes:

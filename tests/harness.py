@@ -251,3 +251,21 @@ async def rows(deployment: Deployment, model, **where) -> list:
         for column, value in where.items():
             query = query.where(getattr(model, column) == value)
         return list((await db.scalars(query)).all())
+
+
+async def assert_nothing_left_in_any_queue(console, namespace: str, timeout: float = 10.0) -> None:
+    """No message lost or stuck: every queue of the deployment drains, nothing is dead-lettered."""
+    from shared.topology import Topology
+
+    async def left() -> dict[str, int]:
+        counts = {}
+        for name in Topology(namespace).all_queue_names():
+            queue = await console.channel.declare_queue(name, passive=True)
+            if queue.declaration_result.message_count:
+                counts[name] = queue.declaration_result.message_count
+        return counts
+
+    deadline = time.monotonic() + timeout
+    while (counts := await left()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not counts, f"messages left behind: {counts}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -187,148 +188,155 @@ async def _pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
 # --- handlers ----------------------------------------------------------------
 
 
-async def start_turn(ledger: Ledger, command: StartTurn) -> None:
-    async with ledger.unit_of_work() as uow:
-        try:
-            session = await uow.lock_session(command.session_id)
-            await uow.receive(command)
-        except Duplicate:
-            return
-        if session is None:
-            session = Session(
-                id=command.session_id,
-                status="idle",
-                provider=ledger.default_provider,
-                event_seq=0,
-                transcript_len=0,
-                created_at=uow.now,
-                updated_at=uow.now,
-            )
-            uow.db.add(session)
-            await uow.db.flush()  # rows of different tables are not ordered by foreign key otherwise
-        if session.status in domain.BUSY_STATUSES:
-            _reject(uow, session, command, "session_busy",
-                    f"The session is {session.status}; a new turn can start when it is idle.")
-            return await uow.commit()
-        turn = Turn(id=mint("trn"), session_id=session.id, status="running", created_at=uow.now)
-        uow.db.add(turn)
-        await uow.db.flush()
-        _append(uow, session, TranscriptEntry(role="user", text=command.text))
-        session.updated_at = uow.now
-        await _request_step(ledger, uow, session, turn.id, command)
-        await uow.commit()
+def transition(handler):
+    """Run a handler as one unit of work: lock the session, record the message in
+    the inbox (a duplicate ends here, silently), apply, commit state and outbox."""
+
+    @functools.wraps(handler)
+    async def apply(ledger: Ledger, message: Envelope) -> None:
+        async with ledger.unit_of_work() as uow:
+            try:
+                session = await uow.lock_session(message.session_id)
+                await uow.receive(message)
+                await handler(ledger, uow, session, message)
+                await uow.commit()
+            except Duplicate:
+                return
+
+    return apply
 
 
-async def model_step_completed(ledger: Ledger, event: ModelStepCompleted) -> None:
-    async with ledger.unit_of_work() as uow:
-        try:
-            session = await uow.lock_session(event.session_id)
-            await uow.receive(event)
-        except Duplicate:
-            return
-        step = await uow.db.get(Step, event.step_id)
-        if session is None or step is None or step.session_id != session.id:
-            _reject(uow, session, event, "unknown_step", "No such model step in this session.")
-            return await uow.commit()
-        # A report for a step already completed is a duplicate (a model-step
-        # died after reporting): keep its attempts, counted as discarded (invariant 7).
-        duplicate_report = step.status != "requested"
-        for attempt in event.attempts:
-            if duplicate_report and attempt.status == "abandoned":
-                # The "lost" delivery is the one whose report is already on record.
-                continue
-            uow.db.add(ProviderAttemptRow(
-                session_id=session.id,
-                step_id=step.id,
-                number=attempt.number,
-                status="discarded" if duplicate_report else attempt.status,
-                provider=attempt.provider,
-                input_tokens=attempt.usage.input_tokens,
-                output_tokens=attempt.usage.output_tokens,
-                report_message_id=event.message_id,
-                recorded_at=uow.now,
-            ))
-        if duplicate_report:
-            log.info("discarded a second report for step %s", step.id)
-            return await uow.commit()
-        step.status = "completed"
-        step.completed_at = uow.now
-        turn = await uow.db.get(Turn, step.turn_id)
-        session.updated_at = uow.now
+@transition
+async def start_turn(ledger: Ledger, uow: UnitOfWork, session: Session | None, command: StartTurn) -> None:
+    if session is None:
+        session = Session(
+            id=command.session_id,
+            status="idle",
+            provider=command.provider or ledger.default_provider,
+            event_seq=0,
+            transcript_len=0,
+            created_at=uow.now,
+            updated_at=uow.now,
+        )
+        uow.db.add(session)
+        await uow.db.flush()  # rows of different tables are not ordered by foreign key otherwise
+    if session.status in domain.BUSY_STATUSES:
+        _reject(uow, session, command, "session_busy",
+                f"The session is {session.status}; a new turn can start when it is idle.")
+        return
+    turn = Turn(id=mint("trn"), session_id=session.id, status="running", created_at=uow.now)
+    uow.db.add(turn)
+    await uow.db.flush()
+    _append(uow, session, TranscriptEntry(role="user", text=command.text))
+    session.updated_at = uow.now
+    await _request_step(ledger, uow, session, turn.id, command)
 
-        if event.error is not None:
-            turn.status = "failed"
-            turn.completed_at = uow.now
-            session.status = "idle"
-            uow.emit(session, TurnFailed(session_id=session.id, causation_id=event.message_id, turn_id=turn.id,
-                                         reason_code="provider_failed", reason_text=event.error))
-            return await uow.commit()
 
-        plans = domain.plan_calls(event.tool_calls, ledger.catalogue)
-        calls = [
-            ToolCall(
-                id=mint("call"),
-                session_id=session.id,
-                step_id=step.id,
-                position=i,
-                provider_call_id=plan.proposed.provider_call_id,
-                tool=plan.proposed.name,
-                arguments=plan.proposed.arguments,
-                args_digest=arguments_digest(plan.proposed.arguments),
-                status="executing",
-                idempotency_key=mint("idk"),
-                created_at=uow.now,
-            )
-            for i, plan in enumerate(plans)
-        ]
-        _append(uow, session, TranscriptEntry(
-            role="assistant",
-            text=event.text,
-            tool_calls=[TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool,
-                                       arguments=c.arguments) for c in calls],
+@transition
+async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session | None,
+                               event: ModelStepCompleted) -> None:
+    step = await uow.db.get(Step, event.step_id)
+    if session is None or step is None or step.session_id != session.id:
+        _reject(uow, session, event, "unknown_step", "No such model step in this session.")
+        return
+    # A report for a step already completed is a duplicate (a model-step
+    # died after reporting): keep its attempts, counted as discarded (invariant 7).
+    duplicate_report = step.status != "requested"
+    for attempt in event.attempts:
+        if duplicate_report and attempt.status == "abandoned":
+            # The "lost" delivery is the one whose report is already on record.
+            continue
+        uow.db.add(ProviderAttemptRow(
+            session_id=session.id,
+            step_id=step.id,
+            number=attempt.number,
+            status="discarded" if duplicate_report else attempt.status,
+            provider=attempt.provider,
+            input_tokens=attempt.usage.input_tokens,
+            output_tokens=attempt.usage.output_tokens,
+            report_message_id=event.message_id,
+            recorded_at=uow.now,
         ))
-        if not calls:
-            turn.status = "completed"
-            turn.final_text = event.text
-            turn.completed_at = uow.now
-            session.status = "idle"
-            uow.emit(session, TurnCompleted(session_id=session.id, causation_id=event.message_id,
-                                            turn_id=turn.id, text=event.text))
-            return await uow.commit()
+    if duplicate_report:
+        log.info("discarded a second report for step %s", step.id)
+        return
+    step.status = "completed"
+    step.completed_at = uow.now
+    turn = await uow.db.get(Turn, step.turn_id)
+    session.updated_at = uow.now
 
-        uow.db.add_all(calls)
-        await uow.db.flush()
-        for plan, call in zip(plans, calls, strict=True):
-            if plan.action == "close":
-                _close(uow, session, call, "error", event, reason_code=plan.reason_code, reason_text=plan.reason_text)
-            elif plan.action == "ask":
-                call.status = "awaiting_approval"
-                request = ApprovalRequest(
-                    id=mint("apr"),
-                    call_id=call.id,
-                    session_id=session.id,
-                    status="pending",
-                    args_digest=call.args_digest,
-                    card=plan.spec.card(call.arguments).model_dump(mode="json"),
-                    created_at=uow.now,
-                )
-                uow.db.add(request)
-                uow.emit(session, ApprovalRequested(
-                    session_id=session.id,
-                    causation_id=event.message_id,
-                    request_id=request.id,
-                    call_id=call.id,
-                    step_id=step.id,
-                    card=request.card,
-                    args_digest=request.args_digest,
-                ))
-            else:
-                _execute(uow, session, call, event)
-        await _resume_if_step_closed(ledger, uow, session, step.id, event)
-        if session.status == "waiting":
-            uow.emit(session, SessionWaiting(session_id=session.id, causation_id=event.message_id,
-                                             pending_request_ids=await _pending_request_ids(uow, session.id)))
-        await uow.commit()
+    if event.error is not None:
+        turn.status = "failed"
+        turn.completed_at = uow.now
+        session.status = "idle"
+        uow.emit(session, TurnFailed(session_id=session.id, causation_id=event.message_id, turn_id=turn.id,
+                                     reason_code="provider_failed", reason_text=event.error))
+        return
+
+    plans = domain.plan_calls(event.tool_calls, ledger.catalogue)
+    calls = [
+        ToolCall(
+            id=mint("call"),
+            session_id=session.id,
+            step_id=step.id,
+            position=i,
+            provider_call_id=plan.proposed.provider_call_id,
+            tool=plan.proposed.name,
+            arguments=plan.proposed.arguments,
+            args_digest=arguments_digest(plan.proposed.arguments),
+            status="executing",
+            idempotency_key=mint("idk"),
+            created_at=uow.now,
+        )
+        for i, plan in enumerate(plans)
+    ]
+    _append(uow, session, TranscriptEntry(
+        role="assistant",
+        text=event.text,
+        tool_calls=[TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool,
+                                   arguments=c.arguments) for c in calls],
+    ))
+    if not calls:
+        turn.status = "completed"
+        turn.final_text = event.text
+        turn.completed_at = uow.now
+        session.status = "idle"
+        uow.emit(session, TurnCompleted(session_id=session.id, causation_id=event.message_id,
+                                        turn_id=turn.id, text=event.text))
+        return
+
+    uow.db.add_all(calls)
+    await uow.db.flush()
+    for plan, call in zip(plans, calls, strict=True):
+        if plan.action == "close":
+            _close(uow, session, call, "error", event, reason_code=plan.reason_code, reason_text=plan.reason_text)
+        elif plan.action == "ask":
+            call.status = "awaiting_approval"
+            request = ApprovalRequest(
+                id=mint("apr"),
+                call_id=call.id,
+                session_id=session.id,
+                status="pending",
+                args_digest=call.args_digest,
+                card=plan.spec.card(call.arguments).model_dump(mode="json"),
+                created_at=uow.now,
+            )
+            uow.db.add(request)
+            uow.emit(session, ApprovalRequested(
+                session_id=session.id,
+                causation_id=event.message_id,
+                request_id=request.id,
+                call_id=call.id,
+                step_id=step.id,
+                card=request.card,
+                args_digest=request.args_digest,
+            ))
+        else:
+            _execute(uow, session, call, event)
+    await _resume_if_step_closed(ledger, uow, session, step.id, event)
+    if session.status == "waiting":
+        uow.emit(session, SessionWaiting(session_id=session.id, causation_id=event.message_id,
+                                         pending_request_ids=await _pending_request_ids(uow, session.id)))
 
 
 def _execute(uow: UnitOfWork, session: Session, call: ToolCall, cause: Envelope) -> None:
@@ -343,83 +351,72 @@ def _execute(uow: UnitOfWork, session: Session, call: ToolCall, cause: Envelope)
     ))
 
 
-async def respond_to_approval(ledger: Ledger, response: RespondToApproval) -> None:
-    async with ledger.unit_of_work() as uow:
-        try:
-            session = await uow.lock_session(response.session_id)
-            await uow.receive(response)
-        except Duplicate:
-            return
-        request = await uow.db.get(ApprovalRequest, response.request_id)
-        verdict = domain.judge_response(
-            request_found=request is not None and session is not None,
-            request_session_id=request.session_id if request else None,
-            request_status=request.status if request else None,
-            expected_digest=request.args_digest if request else None,
-            session_id=response.session_id,
-            decision=response.decision,
-            args_digest=response.args_digest,
-        )
-        if not verdict.accepted:
-            _reject(uow, session, response, verdict.reason_code, verdict.reason_text)
-            return await uow.commit()
-        call = await uow.db.get(ToolCall, request.call_id)
-        request.status = "approved" if response.decision == "approve" else "denied"
-        uow.db.add(Decision(
-            request_id=request.id,
-            decision=response.decision,
-            reason=response.reason,
-            message=response.message,
-            responder=response.responder,
-            message_id=response.message_id,
-            decided_at=uow.now,
-        ))
-        uow.emit(session, ApprovalDecided(
-            session_id=session.id,
-            causation_id=response.message_id,
-            request_id=request.id,
-            call_id=call.id,
-            decision=response.decision,
-            reason=response.reason,
-            responder=response.responder,
-        ))
-        session.updated_at = uow.now
-        if response.decision == "approve":
-            _execute(uow, session, call, response)
-        else:
-            _close(uow, session, call, "denied", response, reason_code="denied_by_person",
-                   reason_text=response.reason or None)
-        await _resume_if_step_closed(ledger, uow, session, call.step_id, response)
-        await uow.commit()
+@transition
+async def respond_to_approval(ledger: Ledger, uow: UnitOfWork, session: Session | None,
+                              response: RespondToApproval) -> None:
+    request = await uow.db.get(ApprovalRequest, response.request_id)
+    verdict = domain.judge_response(
+        request_found=request is not None and session is not None,
+        request_session_id=request.session_id if request else None,
+        request_status=request.status if request else None,
+        expected_digest=request.args_digest if request else None,
+        session_id=response.session_id,
+        decision=response.decision,
+        args_digest=response.args_digest,
+    )
+    if not verdict.accepted:
+        _reject(uow, session, response, verdict.reason_code, verdict.reason_text)
+        return
+    call = await uow.db.get(ToolCall, request.call_id)
+    request.status = "approved" if response.decision == "approve" else "denied"
+    uow.db.add(Decision(
+        request_id=request.id,
+        decision=response.decision,
+        reason=response.reason,
+        message=response.message,
+        responder=response.responder,
+        message_id=response.message_id,
+        decided_at=uow.now,
+    ))
+    uow.emit(session, ApprovalDecided(
+        session_id=session.id,
+        causation_id=response.message_id,
+        request_id=request.id,
+        call_id=call.id,
+        decision=response.decision,
+        reason=response.reason,
+        responder=response.responder,
+    ))
+    session.updated_at = uow.now
+    if response.decision == "approve":
+        _execute(uow, session, call, response)
+    else:
+        _close(uow, session, call, "denied", response, reason_code="denied_by_person",
+               reason_text=response.reason or None)
+    await _resume_if_step_closed(ledger, uow, session, call.step_id, response)
 
 
-async def tool_executed(ledger: Ledger, event: ToolExecuted) -> None:
-    async with ledger.unit_of_work() as uow:
-        try:
-            session = await uow.lock_session(event.session_id)
-            await uow.receive(event)
-        except Duplicate:
-            return
-        call = await uow.db.get(ToolCall, event.call_id)
-        if session is None or call is None or call.session_id != session.id:
-            _reject(uow, session, event, "unknown_call", "No such tool call in this session.")
-            return await uow.commit()
-        if call.status != "executing":
-            # Already closed (a repeated report) or never approved: nothing to do,
-            # but the inbox row keeps it from being looked at again.
-            log.info("ignored a report for call %s in status %s", call.id, call.status)
-            return await uow.commit()
-        if event.outcome == "output":
-            _close(uow, session, call, "output", event, output=event.output)
-        elif event.outcome == "error":
-            _close(uow, session, call, "error", event, reason_code="tool_failed", reason_text=event.error)
-        else:
-            reason = event.error or "The executor stopped mid-call; whether the call happened is unknown."
-            _close(uow, session, call, "outcome_unknown", event, reason_code="outcome_unknown", reason_text=reason)
-            uow.emit(session, OperatorAlerted(session_id=session.id, causation_id=event.message_id, call_id=call.id,
-                                              tool=call.tool, reason_code="outcome_unknown", reason_text=reason))
-        session.updated_at = uow.now
-        await _resume_if_step_closed(ledger, uow, session, call.step_id, event)
-        await uow.commit()
+@transition
+async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: Session | None, event: ToolExecuted) -> None:
+    call = await uow.db.get(ToolCall, event.call_id)
+    if session is None or call is None or call.session_id != session.id:
+        _reject(uow, session, event, "unknown_call", "No such tool call in this session.")
+        return
+    if call.status != "executing":
+        # Already closed (a repeated report) or never approved: nothing to do,
+        # but the inbox row keeps it from being looked at again.
+        log.info("ignored a report for call %s in status %s", call.id, call.status)
+        return
+    if event.outcome == "output":
+        _close(uow, session, call, "output", event, output=event.output)
+    elif event.outcome == "error":
+        _close(uow, session, call, "error", event, reason_code="tool_failed", reason_text=event.error)
+    else:
+        reason = event.error or "The executor stopped mid-call; whether the call happened is unknown."
+        _close(uow, session, call, "outcome_unknown", event, reason_code="outcome_unknown", reason_text=reason)
+        uow.emit(session, OperatorAlerted(session_id=session.id, causation_id=event.message_id, call_id=call.id,
+                                          tool=call.tool, reason_code="outcome_unknown", reason_text=reason))
+    session.updated_at = uow.now
+    await _resume_if_step_closed(ledger, uow, session, call.step_id, event)
 
 

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.approval_ledger.models import HookDelivery
 from shared import faults
 from shared.catalogue import resolve_secrets
-from shared.messages import now
+from shared.messages import EVENT_TYPES, now
 
 log = logging.getLogger("signoff.hooks")
 MAX_BACKOFF_SECONDS = 60.0
@@ -43,6 +43,14 @@ class Hook(BaseModel):
     # `${env:NAME}` keeps the secret out of the file.
     secret: str
     timeout_seconds: float = 10.0
+
+    @field_validator("events")
+    @classmethod
+    def _events_exist(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(known, pattern) for known in EVENT_TYPES):
+                raise ValueError(f"{pattern!r} matches no event; events are: {', '.join(sorted(EVENT_TYPES))}")
+        return patterns
 
     def wants(self, event_type: str) -> bool:
         return any(fnmatch.fnmatchcase(event_type, pattern) for pattern in self.events)

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from services.approval_ledger.models import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
 from shared.messages import mint
-from tests.harness import REDIS_URL, next_event, rows, start_and_wait_for_approval
+from tests.harness import REDIS_URL, assert_nothing_left_in_any_queue, next_event, rows, start_and_wait_for_approval
 
 pytestmark = __import__("pytest").mark.crash
 
@@ -27,6 +27,8 @@ async def finish(console, events, requested):
 
 
 async def assert_one_request_and_one_run(deployment, sink, session_id, requested, path="/sink"):
+    async with deployment.console() as console:
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
     requests = await rows(deployment, ApprovalRequest, session_id=session_id)
     assert [r.id for r in requests] == [requested.request_id], "the request id shown is the only one ever made"
     assert sink.counts[path] == 1, "the tool ran exactly once"
@@ -43,7 +45,7 @@ async def test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id
     wire(deployment, sink)
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text(json.dumps({"hooks": [{"name": "app", "url": f"{sink.url}/hook", "secret": "s3cret",
-                                            "events": ["approval.requested", "session.waiting", "turn.completed"]}]}))
+                                            "events": ["approval.requested", "turn.completed"]}]}))
     deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(hooks)
     sink.hold_next("/hook")
     deployment.start()
