@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test unit integration crash chaos bench install compose-check clean
+.PHONY: run test unit integration crash chaos bench revert-checks install compose-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ crash: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+revert-checks: $(STAMP)
+	$(BIN)/python -m tests.revert_checks
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)

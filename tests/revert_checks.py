@@ -1,0 +1,105 @@
+"""Revert each fix once and watch its test fail (`make revert-checks`).
+
+Each entry below undoes one mechanism that an invariant rests on, in a
+throw-away git worktree of HEAD, runs the tests that guard it, and reports
+whether they caught it. A test that still passes with its fix reverted has no
+teeth. Takes several minutes; needs the same services as the crash tests.
+
+    python -m tests.revert_checks [INDEX ...]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+MUTATIONS = [
+  ("hooks delivered at most once (marked delivered before the POST)", "services/publisher/hooks.py",
+   "            body = delivery.body.encode()\n",
+   "            async with self.sessions() as db, db.begin():\n                await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(delivered_at=now()))\n            body = delivery.body.encode()\n",
+   "tests/crash/test_crash_windows.py::test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id_answerable"),
+  ("outbox committed apart from state (publish before commit)", "services/approval_ledger/unit_of_work.py",
+   "    async def commit(self) -> None:\n        await self.db.flush()",
+   "    async def commit(self) -> None:\n        await self.db.flush()\n        from sqlalchemy import select as _select\n        rows = list((await self.db.scalars(_select(OutboxRow).where(OutboxRow.created_at == self.now))).all())\n        payload = [dict(message_id=o.message_id, session_id=o.session_id, message_type=o.message_type, exchange=o.exchange, routing_key=o.routing_key, body=o.body, created_at=o.created_at) for o in rows]\n        for o in rows:\n            await self.db.delete(o)\n        await self.db.flush()\n        async with self._sessions() as side, side.begin():\n            side.add_all([OutboxRow(**p) for p in payload])\n        pass",
+   "tests/crash/test_crash_windows.py::test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mints_the_only_request"),
+  ("no inbox", "services/approval_ledger/unit_of_work.py",
+   "        if await self.db.get(InboxRow, message.message_id) is not None:\n            raise Duplicate(message.message_id)\n        self.db.add(",
+   "        if False:\n            raise Duplicate(message.message_id)\n        if await self.db.get(InboxRow, message.message_id) is None: self.db.add(",
+   "tests/crash/test_crash_windows.py::test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op tests/crash/test_crash_windows.py::test_redis_flushed_at_every_step_changes_nothing_but_speed tests/integration/test_bad_input_and_redelivery.py::test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed"),
+  ("publisher marks sent before sending", "services/publisher/relay.py",
+   '        await faults.reached("publisher.after_send")\n        async with self.sessions() as db, db.begin():',
+   '        async with self.sessions() as db, db.begin():',
+   "tests/crash/test_crash_windows.py::test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it"),
+  ("queues auto-delete", "shared/topology.py",
+   "            durable=True,\n            routing_key=routing_key,",
+   "            durable=False, auto_delete=True,\n            routing_key=routing_key,",
+   "tests/crash/test_crash_windows.py::test_a_response_sent_while_the_ledger_is_down_waits_and_is_applied_once"),
+  ("dead outward claim retried", "services/tool_executor/claims.py",
+   '    if effect == "outward":\n        return ClaimOutcome("lost")',
+   '    if False:\n        return ClaimOutcome("lost")',
+   "tests/crash/test_crash_windows.py::test_an_outward_call_whose_executor_died_mid_call_is_closed_as_outcome_unknown_and_never_rerun tests/crash/test_crash_windows.py::test_an_outward_call_killed_after_its_effect_before_recording_is_outcome_unknown"),
+  ("new idempotency key per attempt", "services/tool_executor/handlers.py",
+   "context = ToolContext(command.call_id, command.session_id, command.idempotency_key, verdict.attempt,",
+   "context = ToolContext(command.call_id, command.session_id, f'{command.idempotency_key}{verdict.attempt}', verdict.attempt,",
+   "tests/crash/test_crash_windows.py::test_an_idempotent_call_whose_executor_died_mid_call_is_retried_with_the_same_idempotency_key"),
+  ("finished claim runs again", "services/tool_executor/claims.py",
+   '    if claim.status == "finished":\n        return ClaimOutcome("report"',
+   '    if claim.status == "finished":\n        return ClaimOutcome("run", attempt=claim.attempts + 1)\n        return ClaimOutcome("report"',
+   "tests/crash/test_crash_windows.py::test_an_executor_killed_after_recording_reports_the_recorded_result_without_running_again"),
+  ("duplicate step report treated as new", "services/approval_ledger/handlers.py",
+   '    duplicate_report = step.status != "requested"',
+   '    duplicate_report = False',
+   "tests/crash/test_crash_windows.py::test_a_model_step_killed_after_reporting_has_its_second_report_discarded_and_counted"),
+  ("redeliveries not counted", "shared/consuming.py",
+   'previous_deliveries.set(int((raw.headers or {}).get("x-delivery-count") or 0))',
+   'previous_deliveries.set(0)',
+   "tests/crash/test_crash_windows.py::test_a_model_step_killed_mid_call_is_redelivered_and_the_lost_attempt_is_counted_as_abandoned"),
+  ("in-flight work cancelled with the connection", "shared/consuming.py",
+   "            await asyncio.shield(work)",
+   "            await work",
+   "tests/crash/test_broker_restart.py"),
+  ("rollback publishes", "services/approval_ledger/unit_of_work.py",
+   "        await self.db.rollback()\n        await self.db.close()",
+   "        await self.db.commit()\n        await self.db.close()",
+   "tests/integration/test_publisher.py::test_the_publisher_sends_nothing_that_was_not_committed"),
+]
+
+
+def main(argv: list[str]) -> int:
+    only = {int(i) for i in argv}
+    toothless = 0
+    with tempfile.TemporaryDirectory(prefix="signoff-revert-") as scratch:
+        root = Path(scratch) / "tree"
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(root), "HEAD"], cwd=PROJECT, check=True)
+        try:
+            for index, (name, path, old, new, tests) in enumerate(MUTATIONS):
+                if only and index not in only:
+                    continue
+                target = root / path
+                text = target.read_text()
+                if old not in text:
+                    print(f"{index:2d} {name}: the code to revert was not found; update this check")
+                    toothless += 1
+                    continue
+                target.write_text(text.replace(old, new, 1))
+                try:
+                    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", *tests.split()], cwd=root,
+                                         capture_output=True, text=True, timeout=900)
+                finally:
+                    subprocess.run(["git", "checkout", "-q", path], cwd=root, check=True)
+                caught = run.returncode != 0
+                toothless += not caught
+                last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
+                print(f"{index:2d} {name}: {'caught' if caught else 'NOT CAUGHT'} ({last})", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(root)], cwd=PROJECT, check=False)
+    print("every reverted fix was caught" if not toothless else f"{toothless} reverted fix(es) not caught")
+    return 1 if toothless else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
