@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             return Supervisor(settings, args.log_dir).run_until_interrupted()
         from services import console
+        from shared.runtime import check_reachable
+
+        if args.command in ("migrate", "session", "pending"):
+            check_reachable(settings, only=("PostgreSQL",))
 
         if args.command == "migrate":
             return asyncio.run(console.migrate_only(settings))

@@ -38,11 +38,13 @@ class Unreachable(SystemExit):
         super().__init__(f"signoff: cannot reach {service} at {address} ({error}); {HOW_TO_START[service]}")
 
 
-def check_reachable(settings: Settings, *, timeout: float = 3.0) -> None:
+def check_reachable(settings: Settings, *, timeout: float = 3.0,
+                    only: tuple[str, ...] = ("RabbitMQ", "Redis", "PostgreSQL")) -> None:
     """Fail fast, naming the service, its address and how to start it."""
     targets = [("RabbitMQ", settings.rabbitmq_url, 5672), ("Redis", settings.redis_url, 6379)]
     if settings.is_postgres:
         targets.append(("PostgreSQL", settings.ledger_url, 5432))
+    targets = [t for t in targets if t[0] in only]
     for service, url, default_port in targets:
         parts = urlsplit(url)
         host, port = parts.hostname or "localhost", parts.port or default_port
