@@ -76,19 +76,20 @@ class Runtime:
         )
         self.redis = Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
 
-    def inbound(self, consumer: str) -> Inbound:
+    def inbound(self, consumer: str, *, redis_fast_path: bool = True) -> Inbound:
         return Inbound(
             consumer=consumer,
             broker=self.broker,
-            redis=self.redis,
+            redis=self.redis if redis_fast_path else None,
             topology=self.topology,
             max_bytes=self.settings.max_message_bytes,
             dedupe_ttl=self.settings.dedupe_ttl_seconds,
         )
 
-    def consume(self, message_type: str, adapter: TypeAdapter[Any], handle: Callable[[Any], Awaitable[None]]) -> None:
+    def consume(self, message_type: str, adapter: TypeAdapter[Any], handle: Callable[[Any], Awaitable[None]], *,
+                redis_fast_path: bool = True) -> None:
         """Subscribe one handler to the queue of one inbound message type."""
-        inbound = self.inbound(self.name)
+        inbound = self.inbound(self.name, redis_fast_path=redis_fast_path)
 
         @self.broker.subscriber(
             self.topology.inbound_queue(message_type), self.topology.commands, ack_policy=AckPolicy.MANUAL

@@ -7,8 +7,6 @@ import fcntl
 import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
@@ -48,7 +46,22 @@ def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def _alembic_config(connection) -> Config:
+def head_revision() -> str:
+    """The newest migration, read from the file names (0001_…, 0002_…) without importing Alembic."""
+    return max(p.name.split("_", 1)[0] for p in (MIGRATIONS / "versions").glob("[0-9]*_*.py"))
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    try:
+        async with engine.connect() as conn:
+            return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+    except Exception:
+        return None
+
+
+def _alembic_config(connection):
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -57,6 +70,9 @@ def _alembic_config(connection) -> Config:
 
 async def migrate(engine: AsyncEngine, settings: Settings) -> None:
     """Bring the ledger's schema to the newest revision (idempotent, safe to race)."""
+    if await current_revision(engine) == head_revision():
+        # The common restart: nothing to do, and no Alembic import on the recovery path.
+        return
     if not settings.is_postgres:
         # SQLite has no advisory lock: a file lock keeps concurrent starts in line.
         lock_path = Path(settings.ledger_url.split("///", 1)[1] + ".migrate.lock")
@@ -85,6 +101,8 @@ async def _migrate(engine: AsyncEngine, settings: Settings) -> None:
                     await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
                     if settings.database_schema:
                         await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"'))
+                from alembic import command
+
                 await conn.run_sync(lambda sync_conn: command.upgrade(_alembic_config(sync_conn), "head"))
             return
         except Exception as error:

@@ -42,7 +42,10 @@ async def run(settings: Settings) -> None:
         notify_channel=notify_channel(settings),
     )
     for message_type, model, handler in ROUTES:
-        runtime.consume(message_type, TypeAdapter(model), partial(handler, ledger))
+        # No Redis look-up here: the inbox check is one statement inside the
+        # transition's own transaction, cheaper than the two Redis calls that
+        # would only ever save it for the rare duplicate (invariant 8).
+        runtime.consume(message_type, TypeAdapter(model), partial(handler, ledger), redis_fast_path=False)
     try:
         await runtime.serve()
     finally:

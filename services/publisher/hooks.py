@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from services.approval_ledger.models import HookDelivery
 from shared import faults
@@ -82,15 +82,18 @@ def backoff(attempts: int) -> float:
     return min(MAX_BACKOFF_SECONDS, 0.2 * 2 ** max(0, attempts - 1))
 
 
-def schedule(db: AsyncSession, hooks: list[Hook], rows) -> None:
+async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
     """Add a delivery for every hook that wants each relayed event (inside the mark-sent transaction)."""
     at = now()
-    for row in rows:
-        for hook in hooks:
-            if hook.wants(row.message_type):
-                db.add(HookDelivery(id=delivery_id(hook.name, row.message_id), hook=hook.name,
-                                    message_id=row.message_id, event_type=row.message_type, body=row.body,
-                                    attempts=0, next_attempt_at=at, created_at=at))
+    deliveries = [
+        {"id": delivery_id(hook.name, row.message_id), "hook": hook.name, "message_id": row.message_id,
+         "event_type": row.message_type, "body": row.body, "attempts": 0, "next_attempt_at": at, "created_at": at}
+        for row in rows
+        for hook in hooks
+        if hook.wants(row.message_type)
+    ]
+    if deliveries:
+        await conn.execute(insert(HookDelivery.__table__), deliveries)
 
 
 @dataclass

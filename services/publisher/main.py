@@ -38,7 +38,7 @@ async def run(settings: Settings) -> None:
 
     async def relay_forever() -> None:
         channel = await connection.channel(publisher_confirms=True)
-        relay = OutboxRelay(sessionmaker(engine), channel, settings.publisher_batch, hooks)
+        relay = OutboxRelay(engine, channel, settings.publisher_batch, hooks)
         deliveries = asyncio.create_task(deliver_hooks_forever()) if hooks else None
         idle_wait = 1.0 if listener else settings.publisher_poll_seconds
         while True:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import aio_pika
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.approval_ledger.models import OutboxRow
 from shared import faults
@@ -24,29 +24,36 @@ from .hooks import Hook, schedule
 log = logging.getLogger("signoff.publisher")
 
 
+OUTBOX = OutboxRow.__table__
+
+
 @dataclass
 class OutboxRelay:
-    sessions: async_sessionmaker
+    # Core, not the ORM: the relay runs on every commit, and the ORM's unit of
+    # work costs several times more CPU for the same two statements.
+    engine: AsyncEngine
     channel: aio_pika.abc.AbstractChannel
     batch_size: int = 500
     hooks: list[Hook] = field(default_factory=list)
+    exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict)
 
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
-        async with self.sessions() as db:
+        async with self.engine.connect() as conn:
             rows = (
-                await db.execute(
-                    select(OutboxRow.id, OutboxRow.message_id, OutboxRow.message_type, OutboxRow.exchange,
-                           OutboxRow.routing_key, OutboxRow.body)
-                    .where(OutboxRow.sent_at.is_(None))
-                    .order_by(OutboxRow.id)
+                await conn.execute(
+                    select(OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange,
+                           OUTBOX.c.routing_key, OUTBOX.c.body)
+                    .where(OUTBOX.c.sent_at.is_(None))
+                    .order_by(OUTBOX.c.id)
                     .limit(self.batch_size)
                 )
             ).all()
+            await conn.rollback()
         if not rows:
             return 0
-        exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
-        for name in {r.exchange for r in rows}:
+        exchanges = self.exchanges
+        for name in {r.exchange for r in rows} - exchanges.keys():
             exchanges[name] = await self.channel.get_exchange(name, ensure=False)
         # One channel, publishes started in id order: the channel lock keeps
         # that order on the wire, so per-session order holds while confirms overlap.
@@ -65,7 +72,7 @@ class OutboxRelay:
             )
         )
         await faults.reached("publisher.after_send")
-        async with self.sessions() as db, db.begin():
-            await db.execute(update(OutboxRow).where(OutboxRow.id.in_([r.id for r in rows])).values(sent_at=now()))
-            schedule(db, self.hooks, rows)
+        async with self.engine.begin() as conn:
+            await conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_([r.id for r in rows])).values(sent_at=now()))
+            await schedule(conn, self.hooks, rows)
         return len(rows)

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.approval_ledger.models import ExecutionClaim
 from shared.messages import now
@@ -45,52 +45,58 @@ def decide(claim: ExecutionClaim | None, *, effect: str, at: datetime) -> ClaimO
     return ClaimOutcome("run", attempt=claim.attempts + 1)
 
 
+CLAIMS = ExecutionClaim.__table__
+
+
+def _insert_if_absent(dialect: str):
+    """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
+    module = postgresql if dialect == "postgresql" else sqlite
+    return module.insert(CLAIMS).on_conflict_do_nothing(index_elements=[CLAIMS.c.call_id])
+
+
 class Claims:
-    def __init__(self, sessions: async_sessionmaker, holder: str, lease_seconds: float) -> None:
-        self.sessions = sessions
+    """The executor's claims, on Core: one statement for the common case (a fresh claim)."""
+
+    def __init__(self, engine: AsyncEngine, holder: str, lease_seconds: float) -> None:
+        self.engine = engine
         self.holder = holder
         self.lease = timedelta(seconds=lease_seconds)
 
     async def take(self, call_id: str, idempotency_key: str, effect: str) -> ClaimOutcome:
-        async with self.sessions() as db, db.begin():
+        async with self.engine.begin() as conn:
             at = now()
-            claim = (
-                await db.execute(select(ExecutionClaim).where(ExecutionClaim.call_id == call_id).with_for_update())
-            ).scalar_one_or_none()
-            verdict = decide(claim, effect=effect, at=at)
-            if verdict.action == "run" and claim is None:
-                db.add(ExecutionClaim(call_id=call_id, idempotency_key=idempotency_key, status="claimed",
-                                      holder=self.holder, lease_expires_at=at + self.lease, attempts=1, claimed_at=at))
-                try:
-                    await db.flush()
-                except IntegrityError:
-                    # Another executor claimed it in the meantime: look again.
-                    return ClaimOutcome("wait", wait_until=at)
-            elif verdict.action == "run":
-                claim.holder, claim.attempts, claim.lease_expires_at = self.holder, verdict.attempt, at + self.lease
+            fresh = await conn.execute(
+                _insert_if_absent(conn.dialect.name).values(
+                    call_id=call_id, idempotency_key=idempotency_key, status="claimed", holder=self.holder,
+                    lease_expires_at=at + self.lease, attempts=1, claimed_at=at,
+                )
+            )
+            if fresh.rowcount == 1:
+                return ClaimOutcome("run", attempt=1)
+            row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
+            verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
+            if verdict.action == "run":
+                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(
+                    holder=self.holder, attempts=verdict.attempt, lease_expires_at=at + self.lease))
             elif verdict.action == "lost":
-                claim.status, claim.outcome, claim.finished_at = "finished", "outcome_unknown", at
-                claim.result = {"error": "the executor holding this outward call stopped mid-call; "
-                                         "it was not retried and its outcome is unknown"}
+                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(
+                    status="finished", outcome="outcome_unknown", finished_at=at,
+                    result={"error": "the executor holding this outward call stopped mid-call; "
+                                     "it was not retried and its outcome is unknown"}))
             return verdict
 
-    async def renew(self, call_id: str) -> bool:
-        async with self.sessions() as db, db.begin():
-            result = await db.execute(
-                update(ExecutionClaim)
-                .where(ExecutionClaim.call_id == call_id, ExecutionClaim.holder == self.holder,
-                       ExecutionClaim.status == "claimed")
-                .values(lease_expires_at=now() + self.lease)
+    async def _update_own(self, call_id: str, **values) -> bool:
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                update(CLAIMS)
+                .where(CLAIMS.c.call_id == call_id, CLAIMS.c.holder == self.holder, CLAIMS.c.status == "claimed")
+                .values(**values)
             )
             return result.rowcount == 1
 
+    async def renew(self, call_id: str) -> bool:
+        return await self._update_own(call_id, lease_expires_at=now() + self.lease)
+
     async def finish(self, call_id: str, outcome: str, result: dict[str, Any]) -> bool:
         """Record the result; False if this executor no longer holds the claim."""
-        async with self.sessions() as db, db.begin():
-            updated = await db.execute(
-                update(ExecutionClaim)
-                .where(ExecutionClaim.call_id == call_id, ExecutionClaim.holder == self.holder,
-                       ExecutionClaim.status == "claimed")
-                .values(status="finished", outcome=outcome, result=result, finished_at=now())
-            )
-            return updated.rowcount == 1
+        return await self._update_own(call_id, status="finished", outcome=outcome, result=result, finished_at=now())

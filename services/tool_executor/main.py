@@ -9,7 +9,7 @@ from functools import partial
 import httpx
 from pydantic import TypeAdapter
 
-from services.approval_ledger.database import create_engine, migrate, sessionmaker
+from services.approval_ledger.database import create_engine, migrate
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.messages import ExecuteTool
@@ -28,7 +28,7 @@ async def run(settings: Settings) -> None:
     async with httpx.AsyncClient() as http:
         executor = Executor(
             catalogue=load_catalogue(settings.tools_file),
-            claims=Claims(sessionmaker(engine), holder, settings.claim_lease_seconds),
+            claims=Claims(engine, holder, settings.claim_lease_seconds),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology),
             data_dir=settings.data_dir.resolve(),

@@ -30,7 +30,7 @@ async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flu
         # Forget Redis's fast path: the ledger's inbox alone must drop the duplicate.
         async with Redis.from_url(REDIS_URL) as redis:
             keys = [k async for k in redis.scan_iter(f"{deployment.namespace}:*")]
-            assert keys, "the fast path should have remembered the response"
+            assert keys, "the consumers' fast path should have remembered what they handled"
             await redis.delete(*keys)
         await console.send(response)
         await console.send(response)

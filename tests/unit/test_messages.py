@@ -48,3 +48,14 @@ def test_every_queue_is_a_quorum_queue_with_a_delivery_limit_and_a_dead_letter_e
     assert queue.arguments["x-delivery-limit"] == 7
     assert queue.arguments["x-dead-letter-exchange"] == "ns.dead"
     assert queue.arguments["x-queue-type"] == "quorum"
+
+
+def test_the_migration_head_read_from_file_names_is_alembics_head():
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from services.approval_ledger.database import MIGRATIONS, head_revision
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    assert head_revision() == ScriptDirectory.from_config(config).get_current_head()
