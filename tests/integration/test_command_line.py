@@ -1,0 +1,42 @@
+"""The `signoff` command line, as a person at a terminal uses it, against running services."""
+
+import asyncio
+import re
+import subprocess
+import sys
+
+from shared.settings import PROJECT_ROOT
+
+
+def signoff(deployment, *args: str, check: bool = True) -> str:
+    result = subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_tool_ran_once(deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    started = await asyncio.to_thread(signoff, deployment, "session", "start", "post it", "--wait")
+    session_id = started.splitlines()[0]
+    assert session_id.startswith("ses_") and "session.waiting" in started
+
+    pending = await asyncio.to_thread(signoff, deployment, "pending")
+    [request_id] = re.findall(r"request:\s+(apr_\w+)", pending)
+    assert "Post a message to the sink" in pending and "***redacted***" in pending and "sk-secret" not in pending
+
+    approved = await asyncio.to_thread(signoff, deployment, "approve", request_id, "--message", "ok")
+    assert f"approve sent for {request_id}" in approved
+    for _ in range(200):
+        shown = await asyncio.to_thread(signoff, deployment, "session", "show", session_id)
+        if f"session {session_id}: idle" in shown:
+            break
+        await asyncio.sleep(0.1)
+    assert f"session {session_id}: idle" in shown and "Posted." in shown
+    assert sink.counts["/sink"] == 1
+
+    again = await asyncio.to_thread(signoff, deployment, "approve", request_id, check=False)
+    assert "already approved" in again
+    assert "no pending approval requests" in await asyncio.to_thread(signoff, deployment, "pending")
