@@ -348,3 +348,27 @@ async def test_a_renumbering_provider_still_gets_both_approvals_executed_once(de
                                      .order_by(ProviderAttemptRow.id))).all()
         assert [(a.status, a.provider) for a in attempts] == [("completed", "openai")] * 4
         assert [(a.input_tokens, a.output_tokens) for a in attempts] == [(u["input"], u["output"]) for u in fake.usages]
+
+
+async def test_a_provider_that_keeps_failing_ends_the_turn_as_failed_with_every_attempt_counted(deployment):
+    with FakeOpenAI([FakeReply("never seen")], api_key=KEY) as fake:
+        fake.fail_next(10, 503)
+        deployment.extra_env.update(
+            SIGNOFF_PROVIDER="openai", SIGNOFF_OPENAI_BASE_URL=fake.base_url,
+            SIGNOFF_OPENAI_MODEL="fake-gpt", SIGNOFF_OPENAI_API_KEY=KEY,
+        )
+        deployment.start()
+        session_id = mint("ses")
+        async with deployment.console() as console:
+            events = await console.watch(session_id)
+            await console.send(StartTurn(session_id=session_id, text="hello"))
+            failed = await next_event(events, "turn.failed", "turn.completed", timeout=40)
+    assert failed.type == "turn.failed" and failed.reason_code == "provider_failed"
+    assert "503" in failed.reason_text and KEY not in failed.reason_text
+    from services.approval_ledger.models import ProviderAttemptRow, Session
+    from tests.harness import rows
+
+    attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)
+    assert [a.status for a in attempts] == ["failed"] * len(fake.statuses) and len(attempts) >= 2
+    [session] = await rows(deployment, Session, id=session_id)
+    assert session.status == "idle", "a failed turn does not leave the session stuck running"
