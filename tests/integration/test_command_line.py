@@ -40,3 +40,19 @@ async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_to
     again = await asyncio.to_thread(signoff, deployment, "approve", request_id, check=False)
     assert "already approved" in again
     assert "no pending approval requests" in await asyncio.to_thread(signoff, deployment, "pending")
+
+
+async def test_an_operator_lists_dead_letters_with_their_reasons_and_they_stay_parked(deployment):
+    import aio_pika
+
+    deployment.start("approval-ledger")
+    async with deployment.console() as console:
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.commands")
+        await exchange.publish(aio_pika.Message(b"{not json", message_id="junk-1"), routing_key="approval.respond")
+    for _ in range(100):
+        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        if "junk-1" in listed:
+            break
+        await asyncio.sleep(0.1)
+    assert "junk-1: invalid:" in listed and "1 dead-lettered message(s)" in listed
+    assert "junk-1" in await asyncio.to_thread(signoff, deployment, "dead-letters"), "listing does not consume them"
