@@ -1,37 +1,115 @@
 """One ledger transition = one transaction: state rows, the inbox row and the
-outbox rows commit together or not at all (invariant 1)."""
+outbox rows commit together or not at all (invariant 1).
+
+SQLAlchemy Core on one AsyncConnection, no ORM. The session row is read once
+(locked) and written once, at commit. The inbox row is one
+`INSERT ... ON CONFLICT DO NOTHING`: no row inserted means a duplicate. The rows
+a transition creates or changes are collected here and written at commit: one
+INSERT per table with all its rows, parents first, then the updates, then the
+outbox rows in emission order. A handler that must read its own writes calls
+`flush(outbox=False)` first.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import Connection, Table, bindparam, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from shared import faults
-from shared.messages import Envelope, now
+from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
-from .models import InboxRow, OutboxRow, Session
+from .models import Base
+
+TABLES = Base.metadata.tables
+SESSIONS = TABLES["sessions"]
+INBOX = TABLES["inbox"]
+OUTBOX = TABLES["outbox"]
+# The tables a transition inserts into, parents before children (foreign keys).
+INSERT_ORDER: tuple[Table, ...] = tuple(
+    TABLES[name]
+    for name in ("turns", "steps", "tool_calls", "approval_requests", "decisions", "closures", "provider_attempts",
+                 "transcript")
+)
+
+_LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
+# A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
+# On PostgreSQL the same statement queues the publisher's NOTIFY, delivered on commit only.
+_INBOX_INSERT = {
+    ("postgresql", False): postgresql.insert(INBOX).on_conflict_do_nothing(index_elements=[INBOX.c.message_id]),
+    ("postgresql", True): postgresql.insert(INBOX)
+    .on_conflict_do_nothing(index_elements=[INBOX.c.message_id])
+    .returning(func.pg_notify(bindparam("channel"), "")),
+    ("sqlite", False): sqlite.insert(INBOX).on_conflict_do_nothing(index_elements=[INBOX.c.message_id]),
+}
+_INSERT = {table: table.insert() for table in (SESSIONS, OUTBOX, *INSERT_ORDER)}
+# The SET clause is the parameters' column names; every updated table has an `id` key.
+_UPDATE_BY_ID = {table: table.update().where(table.c.id == bindparam("id_")) for table in (SESSIONS, *INSERT_ORDER)
+                 if "id" in table.c}
+_NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 
 class Duplicate(Exception):
     """The message was applied before: the inbox says so."""
 
 
+@dataclass(eq=False, slots=True)
+class SessionState:
+    """The session row of this transition: read (locked) once, written once at commit."""
+
+    id: str
+    status: str
+    provider: str
+    event_seq: int
+    transcript_len: int
+    created_at: datetime
+    updated_at: datetime
+    status_reason: str | None = None
+    # Transcript rows already in the database (positions 1..n) when the transition began.
+    transcript_base: int = 0
+    # Entries appended in this transition, in order (positions transcript_base + 1 ...).
+    appended: list[TranscriptEntry] = field(default_factory=list)
+    # (status, event_seq, transcript_len, updated_at) as stored; None while not inserted yet.
+    stored: tuple | None = None
+
+    def written(self) -> tuple:
+        return (self.status, self.event_seq, self.transcript_len, self.updated_at)
+
+
+def _engine(sessions_or_engine: async_sessionmaker | AsyncEngine) -> AsyncEngine:
+    if isinstance(sessions_or_engine, AsyncEngine):
+        return sessions_or_engine
+    return sessions_or_engine.kw["bind"]
+
+
 class UnitOfWork:
-    def __init__(self, sessions: async_sessionmaker, topology: Topology, notify_channel: str | None) -> None:
-        self._sessions = sessions
+    def __init__(self, sessions: async_sessionmaker | AsyncEngine, topology: Topology,
+                 notify_channel: str | None) -> None:
+        self._engine = _engine(sessions)
         self._topology = topology
         self._notify_channel = notify_channel
-        self.db: AsyncSession
+        self.db: AsyncConnection
         self._tag: str | None = None
         self.now: datetime
+        self._session: SessionState | None = None
+        self._rows: dict[Table, list[dict[str, Any]]] = {}
+        self._updates: dict[tuple[Table, Any], dict[str, Any]] = {}
+        self._outbox: list[dict[str, Any]] = []
+        # Whether this transaction already queued its NOTIFY (with the inbox row).
+        self._notified = False
 
     async def __aenter__(self) -> UnitOfWork:
-        self.db = self._sessions()
-        await self.db.begin()
+        self.db = await self._engine.connect()
+        try:
+            await self.db.begin()
+        except BaseException:
+            await self.db.close()
+            raise
         self.now = now()
         return self
 
@@ -40,54 +118,134 @@ class UnitOfWork:
         await self.db.rollback()
         await self.db.close()
 
-    async def lock_session(self, session_id: str) -> Session | None:
+    async def lock_session(self, session_id: str) -> SessionState | None:
         """Serialize transitions of one session across ledger replicas (a row lock)."""
-        return (await self.db.execute(select(Session).where(Session.id == session_id).with_for_update())).scalar_one_or_none()
+        row = (await self.db.execute(_LOCK_SESSION, {"session_id": session_id})).first()
+        if row is None:
+            return None
+        self._session = SessionState(
+            id=row.id,
+            status=row.status,
+            provider=row.provider,
+            event_seq=row.event_seq,
+            transcript_len=row.transcript_len,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            status_reason=row.status_reason,
+            transcript_base=row.transcript_len,
+        )
+        self._session.stored = self._session.written()
+        return self._session
+
+    def add_session(self, session_id: str, provider: str) -> SessionState:
+        """A new session row, inserted before any of its children."""
+        self._session = SessionState(id=session_id, status="idle", provider=provider, event_seq=0, transcript_len=0,
+                                     created_at=self.now, updated_at=self.now)
+        return self._session
 
     async def receive(self, message: Envelope) -> None:
         """Record the message in the inbox, or raise Duplicate if it was applied before."""
         self._tag = message.type  # type: ignore[attr-defined]
-        if await self.db.get(InboxRow, message.message_id) is not None:
+        dialect = self.db.dialect.name
+        notify = self._notify_channel is not None and dialect == "postgresql"
+        row = {
+            "message_id": message.message_id,
+            "message_type": message.type,  # type: ignore[attr-defined]
+            "session_id": message.session_id,
+            "received_at": self.now,
+        }
+        if notify:
+            row["channel"] = self._notify_channel
+        inserted = await self.db.execute(_INBOX_INSERT[dialect, notify], row)
+        if inserted.rowcount == 0:
             raise Duplicate(message.message_id)
-        self.db.add(
-            InboxRow(
-                message_id=message.message_id,
-                message_type=message.type,  # type: ignore[attr-defined]
-                session_id=message.session_id,
-                received_at=self.now,
-            )
-        )
+        self._notified = notify
 
-    def emit(self, session: Session | None, message: Envelope) -> Envelope:
+    def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        """A new row, inserted at the next flush; changes to the dict until then are written with it."""
+        self._rows.setdefault(table, []).append(row)
+        return row
+
+    def update(self, table: Table, key: Any, **values: Any) -> None:
+        """Change a stored row (by id) at the next flush."""
+        self._updates.setdefault((table, key), {}).update(values)
+
+    def change(self, table: Table, row: dict[str, Any], **values: Any) -> None:
+        """Set values on a row of this transition, new or stored; only what differs is written."""
+        values = {k: v for k, v in values.items() if row.get(k) != v}
+        if not values:
+            return
+        row.update(values)
+        if not any(pending is row for pending in self._rows.get(table, ())):
+            self.update(table, row["id"], **values)
+
+    def emit(self, session: SessionState | None, message: Envelope) -> Envelope:
         """Append a message to the outbox; it leaves only after commit, in this order."""
         if session is not None:
             session.event_seq += 1
             message = message.model_copy(update={"sequence": session.event_seq})
         exchange, routing_key = self._topology.route(message)
-        self.db.add(
-            OutboxRow(
-                message_id=message.message_id,
-                session_id=message.session_id,
-                message_type=message.type,  # type: ignore[attr-defined]
-                exchange=exchange,
-                routing_key=routing_key,
-                body=message.model_dump_json(),
-                created_at=self.now,
-            )
-        )
+        self._outbox.append({
+            "message_id": message.message_id,
+            "session_id": message.session_id,
+            "message_type": message.type,  # type: ignore[attr-defined]
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "body": message.model_dump_json(),
+            "created_at": self.now,
+            "sent_at": None,
+        })
         return message
 
-    async def commit(self) -> None:
-        await self.db.flush()
-        if self._notify_channel:
+    async def flush(self, *, outbox: bool = True, final: bool = False) -> None:
+        """Write what was collected so far: a new session first, one INSERT per table, the updates,
+        then (unless told otherwise) the outbox rows in emission order; `final`: also the session
+        row's changes and the NOTIFY. The writes run in one greenlet (`run_sync`): the same
+        statements, without an asyncio round per statement."""
+        await self.db.run_sync(self._write, outbox, final)
+
+    def _write(self, db: Connection, outbox: bool, final: bool) -> None:
+        session = self._session
+        if session is not None and session.stored is None:
+            db.execute(_INSERT[SESSIONS], {
+                "id": session.id,
+                "status": session.status,
+                "provider": session.provider,
+                "event_seq": session.event_seq,
+                "transcript_len": session.transcript_len,
+                "status_reason": session.status_reason,
+                "created_at": session.created_at,
+                "updated_at": session.updated_at,
+            })
+            session.stored = session.written()
+        for table in INSERT_ORDER:
+            rows = self._rows.pop(table, None)
+            if rows:
+                db.execute(_INSERT[table], rows)
+        for (table, key), values in self._updates.items():
+            db.execute(_UPDATE_BY_ID[table], {"id_": key, **values})
+        self._updates.clear()
+        if outbox and self._outbox:
+            db.execute(_INSERT[OUTBOX], self._outbox)
+            self._outbox = []
+        if not final:
+            return
+        if session is not None and session.written() != session.stored:
+            db.execute(_UPDATE_BY_ID[SESSIONS], {
+                "id_": session.id,
+                "status": session.status,
+                "event_seq": session.event_seq,
+                "transcript_len": session.transcript_len,
+                "updated_at": session.updated_at,
+            })
+            session.stored = session.written()
+        if self._notify_channel and not self._notified:
             # NOTIFY is delivered on commit only, so the publisher never wakes for a rollback.
-            await self.db.execute(text("SELECT pg_notify(:channel, '')"), {"channel": self._notify_channel})
+            db.execute(_NOTIFY, {"channel": self._notify_channel})
+            self._notified = True
+
+    async def commit(self) -> None:
+        await self.flush(final=True)
         await faults.reached("ledger.before_commit", self._tag)
-        try:
-            await self.db.commit()
-        except IntegrityError as error:
-            # A concurrent replica applied the same message first.
-            if "inbox" in str(error.orig).lower() or "message_id" in str(error.orig).lower():
-                raise Duplicate() from error
-            raise
+        await self.db.commit()
         await faults.reached("ledger.after_commit", self._tag)

@@ -19,7 +19,7 @@ async def test_the_publisher_sends_nothing_that_was_not_committed(deployment):
         rolled_back = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="never committed")
         async with UnitOfWork(sessions, topology, notify_channel(settings)) as uow:
             uow.emit(None, rolled_back)
-            await uow.db.flush()  # the row exists inside the transaction, then is rolled back
+            await uow.flush()  # the row exists inside the transaction, then is rolled back
         committed = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="committed")
         async with UnitOfWork(sessions, topology, notify_channel(settings)) as uow:
             uow.emit(None, committed)
