@@ -7,7 +7,8 @@ import fcntl
 import logging
 from pathlib import Path
 
-from sqlalchemy import event, text
+from sqlalchemy import Insert, Table, event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from shared.settings import Settings
@@ -40,6 +41,13 @@ def create_engine(settings: Settings, *, pool_size: int = 10) -> AsyncEngine:
         cursor.close()
 
     return engine
+
+
+def insert_unless_present(table: Table, key: str, dialect: str) -> Insert:
+    """INSERT … ON CONFLICT (key) DO NOTHING, on PostgreSQL and SQLite alike: a row
+    already there stays as it is, and rowcount 0 says so."""
+    module = postgresql if dialect == "postgresql" else sqlite
+    return module.insert(table).on_conflict_do_nothing(index_elements=[table.c[key]])
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:

@@ -17,13 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, func, select, text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from shared import faults
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
+from .database import insert_unless_present
 from .models import Base
 
 TABLES = Base.metadata.tables
@@ -41,11 +41,10 @@ _LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id"))
 # A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
 # On PostgreSQL the same statement queues the publisher's NOTIFY, delivered on commit only.
 _INBOX_INSERT = {
-    ("postgresql", False): postgresql.insert(INBOX).on_conflict_do_nothing(index_elements=[INBOX.c.message_id]),
-    ("postgresql", True): postgresql.insert(INBOX)
-    .on_conflict_do_nothing(index_elements=[INBOX.c.message_id])
+    ("postgresql", False): insert_unless_present(INBOX, "message_id", "postgresql"),
+    ("postgresql", True): insert_unless_present(INBOX, "message_id", "postgresql")
     .returning(func.pg_notify(bindparam("channel"), "")),
-    ("sqlite", False): sqlite.insert(INBOX).on_conflict_do_nothing(index_elements=[INBOX.c.message_id]),
+    ("sqlite", False): insert_unless_present(INBOX, "message_id", "sqlite"),
 }
 _INSERT = {table: table.insert() for table in (SESSIONS, OUTBOX, *INSERT_ORDER)}
 # The SET clause is the parameters' column names; every updated table has an `id` key.

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.approval_ledger.database import insert_unless_present
 from services.approval_ledger.models import ExecutionClaim
 from shared.messages import now
 
@@ -48,12 +48,6 @@ def decide(claim: ExecutionClaim | None, *, effect: str, at: datetime) -> ClaimO
 CLAIMS = ExecutionClaim.__table__
 
 
-def _insert_if_absent(dialect: str):
-    """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
-    module = postgresql if dialect == "postgresql" else sqlite
-    return module.insert(CLAIMS).on_conflict_do_nothing(index_elements=[CLAIMS.c.call_id])
-
-
 class Claims:
     """The executor's claims, on Core: one statement for the common case (a fresh claim)."""
 
@@ -66,7 +60,7 @@ class Claims:
         async with self.engine.begin() as conn:
             at = now()
             fresh = await conn.execute(
-                _insert_if_absent(conn.dialect.name).values(
+                insert_unless_present(CLAIMS, "call_id", conn.dialect.name).values(
                     call_id=call_id, idempotency_key=idempotency_key, status="claimed", holder=self.holder,
                     lease_expires_at=at + self.lease, attempts=1, claimed_at=at,
                 )
