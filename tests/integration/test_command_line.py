@@ -5,7 +5,9 @@ import re
 import subprocess
 import sys
 
+from services.approval_ledger.models import Session
 from shared.settings import PROJECT_ROOT
+from tests.harness import eventually, rows
 
 
 def signoff(deployment, *args: str, check: bool = True) -> str:
@@ -29,11 +31,12 @@ async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_to
 
     approved = await asyncio.to_thread(signoff, deployment, "approve", request_id, "--message", "ok")
     assert f"approve sent for {request_id}" in approved
-    for _ in range(200):
-        shown = await asyncio.to_thread(signoff, deployment, "session", "show", session_id)
-        if f"session {session_id}: idle" in shown:
-            break
-        await asyncio.sleep(0.1)
+    async def idle():
+        [session] = await rows(deployment, Session, id=session_id)
+        return session.status == "idle"
+
+    await eventually(idle)
+    shown = await asyncio.to_thread(signoff, deployment, "session", "show", session_id)
     assert f"session {session_id}: idle" in shown and "Posted." in shown
     assert sink.counts["/sink"] == 1
 
