@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 from pydantic import TypeAdapter
@@ -15,6 +16,8 @@ from . import handlers
 from .database import create_engine, migrate, sessionmaker
 from .handlers import Ledger
 
+# The ledger's PostgreSQL pool: this many connections, and as many again in overflow.
+POOL_SIZE = 10
 ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
     ("approval.respond", RespondToApproval, handlers.respond_to_approval),
@@ -32,7 +35,7 @@ def notify_channel(settings: Settings) -> str | None:
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "approval-ledger")
-    engine = create_engine(settings)
+    engine = create_engine(settings, pool_size=POOL_SIZE)
     await migrate(engine, settings)
     ledger = Ledger(
         sessions=sessionmaker(engine),
@@ -41,11 +44,20 @@ async def run(settings: Settings) -> None:
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )
+    # No more transitions at once than the pool has connections: past that they
+    # would queue inside the pool, whose checkout timeout turns load into failed
+    # handlers, redeliveries and, after the delivery limit, dead letters.
+    in_flight = asyncio.Semaphore(POOL_SIZE * 2 if settings.is_postgres else 1)
+
+    async def apply(handler, message) -> None:
+        async with in_flight:
+            await handler(ledger, message)
+
     for message_type, model, handler in ROUTES:
         # No Redis look-up here: the inbox check is one statement inside the
         # transition's own transaction, cheaper than the two Redis calls that
         # would only ever save it for the rare duplicate (invariant 8).
-        runtime.consume(message_type, TypeAdapter(model), partial(handler, ledger), redis_fast_path=False)
+        runtime.consume(message_type, TypeAdapter(model), partial(apply, handler), redis_fast_path=False)
     try:
         await runtime.serve()
     finally:
