@@ -36,11 +36,11 @@ class Console:
     async def __aenter__(self) -> Console:
         check_reachable(self.settings)
         try:
-            self.connection = await aio_pika.connect_robust(self.settings.rabbitmq_url)
+            self.connection = await aio_pika.connect_robust(self.settings.amqp_url)
         except Exception as error:
             raise Unreachable("RabbitMQ", _address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
-        self.broker = RabbitBroker(self.settings.rabbitmq_url, log_level=logging.DEBUG)
+        self.broker = RabbitBroker(self.settings.amqp_url, log_level=logging.DEBUG)
         await self.broker.connect()
         # Declare everything first: a command sent before the ledger's first
         # start must wait in its queue, not vanish unrouted.

@@ -69,7 +69,7 @@ class Runtime:
         self.name = name
         self.topology = Topology(settings.namespace, settings.delivery_limit)
         self.broker = RabbitBroker(
-            settings.rabbitmq_url,
+            settings.amqp_url,
             default_channel=Channel(prefetch_count=settings.prefetch),
             log_level=logging.DEBUG,
             graceful_timeout=10,

@@ -12,6 +12,7 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+AMQP_HANDSHAKE_SECONDS = 10
 
 
 class Settings(BaseSettings):
@@ -67,6 +68,15 @@ class Settings(BaseSettings):
             if url.startswith(plain):
                 return driver + url[len(plain):]
         return url
+
+    @property
+    def amqp_url(self) -> str:
+        """The RabbitMQ URL with a handshake timeout: a reconnect attempt that
+        meets a broker still starting gives up and retries, instead of waiting
+        the client's default minute."""
+        if "timeout=" in self.rabbitmq_url:
+            return self.rabbitmq_url
+        return self.rabbitmq_url + ("&" if "?" in self.rabbitmq_url else "?") + f"timeout={AMQP_HANDSHAKE_SECONDS}"
 
     @property
     def is_postgres(self) -> bool:

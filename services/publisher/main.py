@@ -28,7 +28,7 @@ async def run(settings: Settings) -> None:
     engine = create_engine(settings, pool_size=2)
     await migrate(engine, settings)
     try:
-        connection = await aio_pika.connect_robust(settings.rabbitmq_url)
+        connection = await aio_pika.connect_robust(settings.amqp_url)
     except Exception as error:
         raise Unreachable("RabbitMQ", _address(settings.rabbitmq_url), error) from None
     wake = asyncio.Event()

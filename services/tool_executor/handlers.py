@@ -16,9 +16,12 @@ from shared.catalogue import ToolCatalogue
 from shared.messages import ExecuteTool, ToolExecuted, now
 
 from .claims import Claims
+from .leases import Leases
 from .tools import ToolContext, ToolResult, run_tool
 
 log = logging.getLogger("signoff.tool_executor")
+# Past this, stop deferring to a Redis lease and let the ledger claim decide.
+LEASE_WAIT_LIMIT = 30.0
 
 
 @dataclass
@@ -28,11 +31,25 @@ class Executor:
     http: httpx.AsyncClient
     report: Callable[[ToolExecuted], Awaitable[None]]
     data_dir: Path
+    leases: Leases
 
 
 async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
     spec = executor.catalogue.get(command.tool)
     effect = spec.effect if spec else "outward"
+    # A live executor holding the Redis lease is already on this call: wait for
+    # it (its lease lapses if it dies) instead of contending for the claim row.
+    waited = 0.0
+    while not await executor.leases.acquire(command.call_id) and waited < LEASE_WAIT_LIMIT:
+        await asyncio.sleep(0.1)
+        waited += 0.1
+    try:
+        await _claim_run_and_report(executor, command, spec, effect)
+    finally:
+        await executor.leases.release(command.call_id)
+
+
+async def _claim_run_and_report(executor: Executor, command: ExecuteTool, spec, effect: str) -> None:
     while True:
         verdict = await executor.claims.take(command.call_id, command.idempotency_key, effect)
         if verdict.action != "wait":
@@ -52,7 +69,7 @@ async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
         else:
             context = ToolContext(command.call_id, command.session_id, command.idempotency_key, verdict.attempt,
                                   executor.data_dir)
-            heartbeat = asyncio.create_task(_keep_lease(executor.claims, command.call_id))
+            heartbeat = asyncio.create_task(_keep_lease(executor, command.call_id))
             try:
                 result = await run_tool(spec, command.arguments, context, executor.http)
             finally:
@@ -75,8 +92,9 @@ async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
     )
 
 
-async def _keep_lease(claims: Claims, call_id: str) -> None:
+async def _keep_lease(executor: Executor, call_id: str) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
-            await asyncio.sleep(claims.lease.total_seconds() / 3)
-            await claims.renew(call_id)
+            await asyncio.sleep(executor.claims.lease.total_seconds() / 3)
+            await executor.claims.renew(call_id)
+            await executor.leases.renew(call_id)

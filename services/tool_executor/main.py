@@ -18,6 +18,7 @@ from shared.settings import Settings
 
 from .claims import Claims
 from .handlers import Executor, execute_tool
+from .leases import Leases
 
 
 async def run(settings: Settings) -> None:
@@ -32,6 +33,7 @@ async def run(settings: Settings) -> None:
             http=http,
             report=partial(publish, runtime.broker, runtime.topology),
             data_dir=settings.data_dir.resolve(),
+            leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
         try:
