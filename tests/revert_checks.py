@@ -31,8 +31,10 @@ MUTATIONS = [
    "        if False:\n            raise Duplicate(message.message_id)",
    "tests/crash/test_crash_windows.py::test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op tests/crash/test_crash_windows.py::test_redis_flushed_at_every_step_changes_nothing_but_speed tests/integration/test_bad_input_and_redelivery.py::test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed"),
   ("publisher marks sent before sending", "services/publisher/relay.py",
-   '        await faults.reached("publisher.after_send")\n        async with self.sessions() as db, db.begin():',
-   '        async with self.sessions() as db, db.begin():',
+   "        # One channel, publishes started in id order",
+   "        async with self.engine.begin() as conn:\n"
+   "            await conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_([r.id for r in rows])).values(sent_at=now()))\n"
+   "        # One channel, publishes started in id order",
    "tests/crash/test_crash_windows.py::test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it"),
   ("queues auto-delete", "shared/topology.py",
    "            durable=True,\n            routing_key=routing_key,",
