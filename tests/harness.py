@@ -146,6 +146,16 @@ class Deployment:
             raise AssertionError(f"{service} did not reach its fault point within {timeout}s:\n"
                                  f"{self.log_path(service).read_text()[-3000:]}") from None
 
+    def start_with_fault(self, service: str, faults: str) -> None:
+        """All four services, with `faults` armed in one of them."""
+        self.start(*(s for s in SERVICES if s != service))
+        self.start(service, faults=faults)
+
+    async def replace_after_fault(self, service: str) -> None:
+        """Wait for the armed service to kill itself, then start its replacement on the same data."""
+        await asyncio.to_thread(self.wait_exit, service)
+        self.start(service)
+
     def stop_all(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:

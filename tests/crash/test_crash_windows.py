@@ -10,7 +10,7 @@ import json
 from redis.asyncio import Redis
 
 from services.approval_ledger.models import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
-from shared.messages import mint
+from shared.messages import StartTurn, mint
 from tests.harness import REDIS_URL, assert_nothing_left_in_any_queue, next_event, rows, start_and_wait_for_approval
 
 pytestmark = __import__("pytest").mark.crash
@@ -78,13 +78,10 @@ async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mi
                                                                                                     sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("publisher", "model-step", "tool-executor")
-    deployment.start("approval-ledger", faults="ledger.before_commit@step.completed")
+    deployment.start_with_fault("approval-ledger", "ledger.before_commit@step.completed")
     session_id = mint("ses")
     async with deployment.console() as console:
         events = await console.watch(session_id)
-        from shared.messages import StartTurn
-
         await console.send(StartTurn(session_id=session_id, text="go"))
         await asyncio.to_thread(deployment.wait_exit, "approval-ledger")
         assert await rows(deployment, ApprovalRequest, session_id=session_id) == []
@@ -99,17 +96,13 @@ async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mi
 async def test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op(pg_deployment, sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("publisher", "model-step", "tool-executor")
-    deployment.start("approval-ledger", faults="ledger.after_commit@step.completed")
+    deployment.start_with_fault("approval-ledger", "ledger.after_commit@step.completed")
     session_id = mint("ses")
     async with deployment.console() as console:
         events = await console.watch(session_id)
-        from shared.messages import StartTurn
-
         await console.send(StartTurn(session_id=session_id, text="go"))
         requested = await next_event(events, "approval.requested")
-        await asyncio.to_thread(deployment.wait_exit, "approval-ledger")
-        deployment.start("approval-ledger")
+        await deployment.replace_after_fault("approval-ledger")
         await finish(console, events, requested)
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
     reports = [r for r in await rows(deployment, InboxRow, session_id=session_id) if r.message_type == "step.completed"]
@@ -122,19 +115,15 @@ async def test_a_publisher_killed_after_send_before_marking_resends_with_the_sam
         pg_deployment, sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("approval-ledger", "model-step", "tool-executor")
-    deployment.start("publisher", faults="publisher.after_send")
+    deployment.start_with_fault("publisher", "publisher.after_send")
     session_id = mint("ses")
     async with deployment.console() as console:
         events = await console.watch(session_id)
         # A copy of every step request, to see the resend itself.
         copies = await console.channel.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="step.requested")
-        from shared.messages import StartTurn
-
         await console.send(StartTurn(session_id=session_id, text="go"))
-        await asyncio.to_thread(deployment.wait_exit, "publisher")
-        deployment.start("publisher")
+        await deployment.replace_after_fault("publisher")
         requested = await next_event(events, "approval.requested")
         await finish(console, events, requested)
         ids = []
@@ -188,14 +177,12 @@ async def test_an_outward_call_whose_executor_died_mid_call_is_closed_as_outcome
 async def test_an_outward_call_killed_after_its_effect_before_recording_is_outcome_unknown(pg_deployment, sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("approval-ledger", "publisher", "model-step")
-    deployment.start("tool-executor", faults="executor.after_effect")
+    deployment.start_with_fault("tool-executor", "executor.after_effect")
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "approve", "", "", "tester")
-        await asyncio.to_thread(deployment.wait_exit, "tool-executor")
-        deployment.start("tool-executor")
+        await deployment.replace_after_fault("tool-executor")
         closed = await next_event(events, "tool.closed", timeout=30)
     assert closed.kind == "outcome_unknown"
     assert sink.counts["/sink"] == 1
@@ -227,14 +214,12 @@ async def test_an_executor_killed_after_recording_reports_the_recorded_result_wi
                                                                                                    sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("approval-ledger", "publisher", "model-step")
-    deployment.start("tool-executor", faults="executor.after_record")
+    deployment.start_with_fault("tool-executor", "executor.after_record")
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "approve", "", "", "tester")
-        await asyncio.to_thread(deployment.wait_exit, "tool-executor")
-        deployment.start("tool-executor")
+        await deployment.replace_after_fault("tool-executor")
         await next_event(events, "turn.completed", timeout=30)
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
@@ -242,8 +227,7 @@ async def test_an_executor_killed_after_recording_reports_the_recorded_result_wi
 async def test_a_model_step_killed_after_reporting_has_its_second_report_discarded_and_counted(pg_deployment, sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("approval-ledger", "publisher", "tool-executor")
-    deployment.start("model-step", faults="model_step.after_report")
+    deployment.start_with_fault("model-step", "model_step.after_report")
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
@@ -261,16 +245,12 @@ async def test_a_model_step_killed_mid_call_is_redelivered_and_the_lost_attempt_
         pg_deployment, sink):
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("approval-ledger", "publisher", "tool-executor")
-    deployment.start("model-step", faults="model_step.mid_call")
+    deployment.start_with_fault("model-step", "model_step.mid_call")
     session_id = mint("ses")
     async with deployment.console() as console:
         events = await console.watch(session_id)
-        from shared.messages import StartTurn
-
         await console.send(StartTurn(session_id=session_id, text="go"))
-        await asyncio.to_thread(deployment.wait_exit, "model-step")
-        deployment.start("model-step")
+        await deployment.replace_after_fault("model-step")
         requested = await next_event(events, "approval.requested")
         await finish(console, events, requested)
     attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)
@@ -283,8 +263,7 @@ async def test_redis_flushed_at_every_step_changes_nothing_but_speed(pg_deployme
     decision, Redis is flushed, and the redelivery must still be a no-op."""
     deployment = pg_deployment
     wire(deployment, sink)
-    deployment.start("publisher", "model-step", "tool-executor")
-    deployment.start("approval-ledger", faults="ledger.after_commit@approval.respond")
+    deployment.start_with_fault("approval-ledger", "ledger.after_commit@approval.respond")
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
