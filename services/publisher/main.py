@@ -45,8 +45,10 @@ async def run(settings: Settings) -> None:
             wake.clear()
             try:
                 sent = await relay.relay_once()
-            except (aio_pika.exceptions.AMQPError, ConnectionError, OSError) as error:
-                log.warning("relay failed (%s); retrying", error)
+            except Exception as error:
+                # Broker or database away (a closed channel, a dropped connection):
+                # the rows stay unsent and go out, with the same ids, once it is back.
+                log.warning("relay failed (%r); retrying", error)
                 await asyncio.sleep(0.5)
                 continue
             if deliveries is not None and deliveries.done():

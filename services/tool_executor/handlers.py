@@ -96,5 +96,9 @@ async def _keep_lease(executor: Executor, call_id: str) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             await asyncio.sleep(executor.claims.lease.total_seconds() / 3)
-            await executor.claims.renew(call_id)
-            await executor.leases.renew(call_id)
+            try:
+                await executor.claims.renew(call_id)
+                await executor.leases.renew(call_id)
+            except Exception as error:
+                # A database blip must not end the heartbeat for good; the next beat may succeed.
+                log.warning("call %s: could not renew the claim (%r)", call_id, error)
