@@ -192,6 +192,14 @@ class Deployment:
         finally:
             await engine.dispose()
 
+    async def forget_redis(self) -> int:
+        """Delete every Redis key of this deployment (a flush that spares the other tests); how many went."""
+        async with Redis.from_url(REDIS_URL) as redis:
+            keys = [k async for k in redis.scan_iter(f"{self.namespace}:*")]
+            if keys:
+                await redis.delete(*keys)
+            return len(keys)
+
     async def cleanup(self) -> None:
         self.stop_all()
         connection = await aio_pika.connect_robust(RABBITMQ_URL)
@@ -205,11 +213,7 @@ class Deployment:
                 await channel.queue_delete(name)
             for name in topology.all_exchange_names():
                 await channel.exchange_delete(name)
-        redis = Redis.from_url(REDIS_URL)
-        async with redis:
-            keys = [k async for k in redis.scan_iter(f"{self.namespace}:*")]
-            if keys:
-                await redis.delete(*keys)
+        await self.forget_redis()
         if self.store == "postgres":
             engine = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url)
             async with engine.begin() as conn:

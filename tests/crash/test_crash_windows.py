@@ -7,11 +7,15 @@ import hashlib
 import hmac
 import json
 
-from redis.asyncio import Redis
-
 from services.approval_ledger.models import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
 from shared.messages import StartTurn, mint
-from tests.harness import REDIS_URL, assert_nothing_left_in_any_queue, next_event, rows, start_and_wait_for_approval
+from tests.harness import (
+    assert_nothing_left_in_any_queue,
+    eventually,
+    next_event,
+    rows,
+    start_and_wait_for_approval,
+)
 
 pytestmark = __import__("pytest").mark.crash
 
@@ -233,9 +237,13 @@ async def test_a_model_step_killed_after_reporting_has_its_second_report_discard
         events, requested = await start_and_wait_for_approval(console, session_id)
         await asyncio.to_thread(deployment.wait_exit, "model-step")
         # Redis's fast path would hide the redelivery from the model-step; forget it.
-        await _flush(deployment)
+        await deployment.forget_redis()
         deployment.start("model-step")
-        attempts = await _eventually_rows(deployment, ProviderAttemptRow, 2, session_id=session_id)
+        async def both_reports_recorded():
+            found = await rows(deployment, ProviderAttemptRow, session_id=session_id)
+            return found if len(found) >= 2 else None
+
+        attempts = await eventually(both_reports_recorded)
         await finish(console, events, requested)
     assert sorted(a.status for a in attempts) == ["completed", "discarded"]
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
@@ -267,32 +275,16 @@ async def test_redis_flushed_at_every_step_changes_nothing_but_speed(pg_deployme
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
-        await _flush(deployment)
+        await deployment.forget_redis()
         await console.respond(requested.request_id, "approve", "", "", "tester")
         await asyncio.to_thread(deployment.wait_exit, "approval-ledger")
-        await _flush(deployment)
+        await deployment.forget_redis()
         deployment.start("approval-ledger")
         await next_event(events, "turn.completed", timeout=30)
-        await _flush(deployment)
+        await deployment.forget_redis()
         stray = [e async for e in _drain(events) if e.type in ("message.rejected", "approval.decided")]
         assert stray == [], "the redelivered response was a silent no-op (inbox), not applied or judged again"
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
-
-
-async def _flush(deployment):
-    async with Redis.from_url(REDIS_URL) as redis:
-        keys = [k async for k in redis.scan_iter(f"{deployment.namespace}:*")]
-        if keys:
-            await redis.delete(*keys)
-
-
-async def _eventually_rows(deployment, model, count, **where):
-    for _ in range(400):
-        found = await rows(deployment, model, **where)
-        if len(found) >= count:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"expected {count} {model.__name__} rows, found {len(found)}")
 
 
 async def _drain(queue):

@@ -2,19 +2,12 @@
 never applied, and never blocks the queue (invariant 9)."""
 
 import aio_pika
-from redis.asyncio import Redis
 from sqlalchemy import func, select
 
 from services.approval_ledger.models import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.topology import DETAIL_HEADER, REASON_HEADER
-from tests.harness import REDIS_URL, eventually, next_event
-
-
-async def _wait_for_approval(deployment, console, session_id):
-    events = await console.watch(session_id)
-    await console.send(StartTurn(session_id=session_id, text="post hello"))
-    return events, await next_event(events, "approval.requested")
+from tests.harness import eventually, next_event, start_and_wait_for_approval
 
 
 async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed(deployment, sink):
@@ -22,16 +15,13 @@ async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flu
     deployment.start()
     session_id = mint("ses")
     async with deployment.console() as console:
-        events, requested = await _wait_for_approval(deployment, console, session_id)
+        events, requested = await start_and_wait_for_approval(console, session_id)
         response = RespondToApproval(session_id=session_id, request_id=requested.request_id, decision="approve",
                                      args_digest=requested.args_digest, responder="tester")
         await console.send(response)
         await next_event(events, "turn.completed")
         # Forget Redis's fast path: the ledger's inbox alone must drop the duplicate.
-        async with Redis.from_url(REDIS_URL) as redis:
-            keys = [k async for k in redis.scan_iter(f"{deployment.namespace}:*")]
-            assert keys, "the consumers' fast path should have remembered what they handled"
-            await redis.delete(*keys)
+        assert await deployment.forget_redis(), "the consumers' fast path should have remembered what they handled"
         await console.send(response)
         await console.send(response)
         async with deployment.ledger() as ledger:
@@ -54,7 +44,7 @@ async def test_a_response_to_an_unknown_request_is_rejected_with_a_reason_and_ch
     deployment.start()
     session_id = mint("ses")
     async with deployment.console() as console:
-        events, requested = await _wait_for_approval(deployment, console, session_id)
+        events, requested = await start_and_wait_for_approval(console, session_id)
         async with deployment.ledger() as ledger, ledger() as db:
             outbox_before = await db.scalar(select(func.count()).select_from(OutboxRow))
         bogus = RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
@@ -75,7 +65,7 @@ async def test_an_approval_for_other_arguments_than_shown_is_refused(deployment,
     deployment.start()
     session_id = mint("ses")
     async with deployment.console() as console:
-        events, requested = await _wait_for_approval(deployment, console, session_id)
+        events, requested = await start_and_wait_for_approval(console, session_id)
         await console.send(RespondToApproval(session_id=session_id, request_id=requested.request_id,
                                              decision="approve", args_digest="sha256:" + "0" * 64))
         rejected = await next_event(events, "message.rejected")
@@ -91,7 +81,7 @@ async def test_a_denied_call_closes_with_the_persons_reason_and_never_runs(deplo
     deployment.start()
     session_id = mint("ses")
     async with deployment.console() as console:
-        events, requested = await _wait_for_approval(deployment, console, session_id)
+        events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "deny", "not on a Friday", "", "tester")
         closed = await next_event(events, "tool.closed")
         assert (closed.kind, closed.reason_text) == ("denied", "not on a Friday")
@@ -112,7 +102,7 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
                                  (b'{"type": "approval.respond", "session_id": "s", "request_id": 5}', "bad-shape"),
                                  (b"x" * (300 * 1024), "too-big")):
             await exchange.publish(aio_pika.Message(body, message_id=message_id), routing_key="approval.respond")
-        events, requested = await _wait_for_approval(deployment, console, session_id)
+        events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "approve", "", "", "tester")
         await next_event(events, "turn.completed")
 
