@@ -111,8 +111,10 @@ async def start_session(settings: Settings, text: str, session_id: str | None, w
                     async with raw.process():
                         event = EVENT.validate_json(raw.body)
                         print(f"{event.type}: {event.model_dump_json(exclude={'session_id', 'occurred_at'})}")
-                        if event.type in ("session.waiting", "turn.completed", "turn.failed", "message.rejected"):
+                        if event.type in ("turn.completed", "turn.failed", "message.rejected"):
                             break
+                        if event.type == "approval.requested" and event.request_id == event.pending_request_ids[-1]:
+                            break  # the session waits on a person: every card of the step is out
     return 0
 
 
@@ -236,10 +238,9 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                         if event.type == "approval.requested":
                             say("the model asked for a tool that needs approval; the card a person sees:")
                             print_card(event.request_id, event.card.model_dump(), event.args_digest)
+                            say(f"session is waiting on {', '.join(event.pending_request_ids)}")
                             say(f"approving {event.request_id}")
                             await console.respond(event.request_id, "approve", "", "", "demo")
-                        elif event.type == "session.waiting":
-                            say(f"session is waiting on {', '.join(event.pending_request_ids)}")
                         elif event.type == "approval.decided":
                             say(f"decision committed: {event.decision} by {event.responder}")
                         elif event.type == "tool.closed":

@@ -175,6 +175,9 @@ class ApprovalRequested(Envelope):
     step_id: Identifier
     card: ApprovalCard
     args_digest: str
+    # The session now waits on a person for these requests, this one included
+    # (invariant 5): every card also says what else is open in its session.
+    pending_request_ids: list[Identifier]
 
 
 class ApprovalDecided(Envelope):
@@ -202,11 +205,6 @@ class OperatorAlerted(Envelope):
     tool: str
     reason_code: str
     reason_text: str
-
-
-class SessionWaiting(Envelope):
-    type: Literal["session.waiting"] = "session.waiting"
-    pending_request_ids: list[Identifier]
 
 
 class TurnCompleted(Envelope):
@@ -239,7 +237,6 @@ EVENTS = (
     ApprovalDecided,
     ToolCallClosed,
     OperatorAlerted,
-    SessionWaiting,
     TurnCompleted,
     TurnFailed,
     MessageRejected,

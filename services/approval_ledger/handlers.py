@@ -29,7 +29,6 @@ from shared.messages import (
     OperatorAlerted,
     RequestModelStep,
     RespondToApproval,
-    SessionWaiting,
     StartTurn,
     ToolCallClosed,
     ToolExecuted,
@@ -252,8 +251,8 @@ async def _resume_if_step_closed(ledger: Ledger, uow: UnitOfWork, session: Sessi
     await _request_step(ledger, uow, session, calls[0]["turn_id"], cause)
 
 
-async def _pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
-    await uow.flush(outbox=False)  # the query sees this transition's requests
+async def _stored_pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
+    """The session's pending requests as stored before this transition, oldest first."""
     return list(await uow.db.scalars(_PENDING, {"session_id": session_id}))
 
 
@@ -363,7 +362,16 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
                                         turn_id=turn_id, text=event.text))
         return
 
-    requests, closures = [], {}
+    # The session waits on every pending request; each `approval.requested` names
+    # them all (invariant 5), so a channel adapter needs no separate "waiting"
+    # event. Earlier requests (not expected: a step is only requested once every
+    # call before it closed) come first; this step's are minted in ascending
+    # order so that the ledger's order (created_at, id) is the model's call order.
+    asks = [call for plan, call in zip(plans, calls, strict=True) if plan.action == "ask"]
+    earlier = await _stored_pending_request_ids(uow, session.id) if step.waiting and asks else []
+    request_ids = dict(zip((call["id"] for call in asks), sorted(mint("apr") for _ in asks), strict=True))
+    pending = earlier + list(request_ids.values())
+    closures = {}
     for call in calls:
         uow.add(TOOL_CALLS, call)  # inserted with the status it ends this transition in
     for plan, call in zip(plans, calls, strict=True):
@@ -373,7 +381,7 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
         elif plan.action == "ask":
             call["status"] = "awaiting_approval"
             request = uow.add(APPROVAL_REQUESTS, {
-                "id": mint("apr"),
+                "id": request_ids[call["id"]],
                 "call_id": call["id"],
                 "session_id": session.id,
                 "status": "pending",
@@ -381,7 +389,6 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
                 "card": plan.spec.card(call["arguments"]).model_dump(mode="json"),
                 "created_at": uow.now,
             })
-            requests.append(request["id"])
             uow.emit(session, ApprovalRequested(
                 session_id=session.id,
                 causation_id=event.message_id,
@@ -390,6 +397,7 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
                 step_id=step.id,
                 card=request["card"],
                 args_digest=request["args_digest"],
+                pending_request_ids=pending,
             ))
         else:
             _execute(uow, session, call, event)
@@ -397,16 +405,9 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
     steps_calls = [{"id": c["id"], "provider_call_id": c["provider_call_id"], "tool": c["tool"],
                     "status": c["status"], "closure": closures.get(c["id"]), "note": None, "turn_id": turn_id}
                    for c in calls]
-    if step.waiting and any(c["status"] != "closed" for c in calls):
-        # Requests pending from before (not expected): ask the database, in its order.
-        pending = await _pending_request_ids(uow, session.id)
-    else:
-        # Only this step's requests, made at one instant: the database's order is their ids'.
-        pending = sorted(requests)
+    if step.waiting and not asks:
+        pending = await _stored_pending_request_ids(uow, session.id)
     await _resume_if_step_closed(ledger, uow, session, steps_calls, bool(pending), event)
-    if session.status == "waiting":
-        uow.emit(session, SessionWaiting(session_id=session.id, causation_id=event.message_id,
-                                         pending_request_ids=pending))
 
 
 def _execute(uow: UnitOfWork, session: SessionState, call: dict[str, Any], cause: Envelope) -> None:

@@ -23,7 +23,7 @@ async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_to
     deployment.start()
     started = await asyncio.to_thread(signoff, deployment, "session", "start", "post it", "--wait")
     session_id = started.splitlines()[0]
-    assert session_id.startswith("ses_") and "session.waiting" in started
+    assert session_id.startswith("ses_") and "approval.requested" in started and "pending_request_ids" in started
 
     pending = await asyncio.to_thread(signoff, deployment, "pending")
     [request_id] = re.findall(r"request:\s+(apr_\w+)", pending)

@@ -23,8 +23,7 @@ async def test_an_approved_call_runs_once_and_the_turn_completes(deployment, sin
         assert card.tool == "post_to_sink" and card.label == "Post a message to the sink"
         assert card.arguments == {"message": "hello from signoff", "api_token": REDACTED}
         assert card.target == f"POST {sink.url}/sink"
-        waiting = await next_event(events, "session.waiting")
-        assert waiting.pending_request_ids == [requested.request_id]
+        assert requested.pending_request_ids == [requested.request_id]  # the session waits on it (invariant 5)
         assert sink.counts["/sink"] == 0
 
         await console.respond(requested.request_id, "approve", "", "", "tester")

@@ -31,6 +31,8 @@ async def test_a_batch_answered_in_reverse_order_resumes_once_with_every_closure
         events, first = await start_and_wait_for_approval(console, session_id)
         second = await next_event(events, "approval.requested")
         assert [first.card.tool, second.card.tool] == ["post_to_sink", "put_to_sink"]
+        # Each card says the session waits on both, in the model's order (invariant 5).
+        assert first.pending_request_ids == second.pending_request_ids == [first.request_id, second.request_id]
         # The allowed call ran without waiting for the others' approvals.
         allowed = await next_event(events, "tool.closed")
         assert allowed.kind == "output"
