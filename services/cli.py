@@ -11,14 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from services.warm_start import SERVICES, Child, fork_service, preload, run_service
 from shared.settings import Settings
-
-SERVICES = {
-    "approval-ledger": "services.approval_ledger.main",
-    "publisher": "services.publisher.main",
-    "model-step": "services.model_step.main",
-    "tool-executor": "services.tool_executor.main",
-}
 ALIASES = {"ledger": "approval-ledger", "executor": "tool-executor", "model": "model-step"}
 
 
@@ -62,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     try:
         if args.command == "run":
-            return _run_service(ALIASES.get(args.service, args.service), settings)
+            return run_service(ALIASES.get(args.service, args.service))
         if args.command == "up":
             return Supervisor(settings, args.log_dir).run_until_interrupted()
         from services import console
@@ -93,25 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _run_service(service: str, settings: Settings) -> int:
-    import importlib
-
-    module = importlib.import_module(SERVICES[service])
-    asyncio.run(module.run(settings))
-    return 0
-
-
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
 class Supervisor:
-    """Runs the four services as child processes and restarts any that dies."""
+    """Runs the four services as child processes and restarts any that dies.
+
+    Each child is a fork of this process after it has imported every service
+    (`services.warm_start`): a restart after a crash is a fork and a connect,
+    not a new interpreter."""
 
     def __init__(self, settings: Settings, log_dir: Path | None = None) -> None:
         self.settings = settings
         self.log_dir = log_dir or settings.data_dir / "logs"
-        self.children: dict[str, subprocess.Popen] = {}
+        self.children: dict[str, Child] = {}
         self.stopping = False
 
     def start(self) -> None:
@@ -123,15 +113,14 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Migrate once here so four services do not race to create the schema.
         subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
+        preload()
         for service in SERVICES:
             self._spawn(service)
 
     def _spawn(self, service: str) -> None:
-        log = open(self.log_dir / f"{service}.log", "ab")
-        self.children[service] = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "run", service], stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
+        self.children[service] = Child(fork_service(service, log=str(self.log_dir / f"{service}.log"),
+                                                    new_session=True))
 
     def watch(self) -> None:
         for service, child in list(self.children.items()):

@@ -56,8 +56,11 @@ How each figure is taken (docs/performance.md repeats this):
   bench namespace, consumed and acked by a consumer on another connection.
 - recovery: N sessions wait on approval; SIGKILL approval-ledger and publisher;
   publish approvals for all of them while they are down; start both again and
-  time from just before the Popen to the first of those calls executed
-  (execution_claims.finished_at) and closed (closures.created_at).
+  time from just before the start to the first of those calls executed
+  (execution_claims.finished_at) and closed (closures.created_at). Each try is
+  made twice: a warm restart (a fork of an interpreter that has the services
+  loaded, as `signoff up` restarts a service) and a cold one (a new
+  interpreter, as a container restarts).
 - exactly once: at the end, every tool call of the run has exactly one claim
   with attempts == 1 and outcome output, exactly one closure of kind output,
   and the counter values recorded in the closures are exactly 1..N with N the
@@ -526,7 +529,9 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     }
 
 
-async def recovery_try(ctx: Context, sessions: int) -> dict[str, Any]:
+async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]:
+    """`mode` "warm": the two services restart as forks of a preloaded interpreter, as
+    `signoff up` restarts them; "cold": as new interpreters, as a container restarts."""
     deployment, driver, ledger = ctx.deployment, ctx.driver, ctx.ledger
     ids = [f"bench-recovery-{uuid.uuid4().hex}" for _ in range(sessions)]
     waiters = [driver.watch(i) for i in ids]
@@ -537,8 +542,12 @@ async def recovery_try(ctx: Context, sessions: int) -> dict[str, Any]:
         deployment.kill("approval-ledger")
         deployment.kill("publisher")
         await asyncio.gather(*(driver.approve(i, r) for i, r in zip(ids, requested, strict=True)))
+        deployment.cold = mode == "cold"
         restarted = time.time()
-        await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
+        try:
+            await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
+        finally:
+            deployment.cold = False
         ready_returned = time.time()
         await asyncio.gather(*(driver.finished(w, 60) for w in waiters))
         all_completed = time.time()
@@ -553,6 +562,7 @@ async def recovery_try(ctx: Context, sessions: int) -> dict[str, Any]:
     if len(closed) != sessions:
         raise BenchFailure(f"recovery: {len(closed)} of {sessions} approved calls closed")
     return {
+        "mode": mode,
         "sessions": sessions,
         "ledger_ready": ready_time(deployment, "approval-ledger") - restarted,
         "publisher_ready": ready_time(deployment, "publisher") - restarted,
@@ -563,6 +573,9 @@ async def recovery_try(ctx: Context, sessions: int) -> dict[str, Any]:
         "all_closed": max(closed) - restarted,
         "all_turns_completed_seen": all_completed - restarted,
     }
+
+
+RECOVERY_MODES = ("warm", "cold")
 
 
 def ready_time(deployment: Deployment, service: str) -> float:
@@ -846,12 +859,15 @@ def render_table(result: dict[str, Any]) -> str:
                  "(Signoff + driver + deps CPU per rt).")
     recovery = result.get("recovery")
     if recovery and recovery.get("tries"):
-        m = recovery["median"]
         lines.append("")
-        lines.append(f"recovery ({len(recovery['tries'])} tries, {recovery['tries'][0]['sessions']} pending, median s "
-                     f"from restart): ledger ready {_f(m['ledger_ready'], 3)}, publisher ready "
-                     f"{_f(m['publisher_ready'], 3)}, first executed {_f(m['first_executed'], 3)}, first closed "
-                     f"{_f(m['first_closed'], 3)}, all closed {_f(m['all_closed'], 3)}")
+        for mode, m in recovery["median"].items():
+            tries = [t for t in recovery["tries"] if t["mode"] == mode]
+            lines.append(f"recovery, {mode} restart ({len(tries)} tries, {tries[0]['sessions']} pending, median s "
+                         f"from restart): ledger ready {_f(m['ledger_ready'], 3)}, publisher ready "
+                         f"{_f(m['publisher_ready'], 3)}, first executed {_f(m['first_executed'], 3)}, first closed "
+                         f"{_f(m['first_closed'], 3)}, all closed {_f(m['all_closed'], 3)}")
+        lines.append("  warm: a fork of an interpreter with the services loaded, as `signoff up` restarts a service; "
+                     "cold: a new interpreter, as a container restarts")
     checks = result.get("checks") or {}
     lines.append("")
     if checks.get("passed") and not result["failures"]:
@@ -910,12 +926,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             result["levels"].append(level)
         tries = []
         for attempt in range(args.recovery_tries):
-            async with Progress("recovery", lambda e, a=attempt: f"try {a + 1}/{args.recovery_tries}  {e:4.1f} s"):
-                tries.append(await recovery_try(ctx, args.recovery_sessions))
+            for mode in RECOVERY_MODES:
+                async with Progress("recovery", lambda e, a=attempt, m=mode: f"{m} try {a + 1}/{args.recovery_tries}"
+                                                                             f"  {e:4.1f} s"):
+                    tries.append(await recovery_try(ctx, args.recovery_sessions, mode))
         if tries:
-            result["recovery"] = {"tries": tries,
-                                  "median": {k: statistics.median(t[k] for t in tries) for k in tries[0]
-                                             if k != "sessions"}}
+            result["recovery"] = {"tries": tries, "median": {
+                mode: {k: statistics.median(t[k] for t in tries if t["mode"] == mode) for k in tries[0]
+                       if k not in ("sessions", "mode")}
+                for mode in RECOVERY_MODES}}
         result["checks"] = await check_exactly_once(ctx)
     except asyncio.CancelledError:
         result["failures"].append("interrupted")

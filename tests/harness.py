@@ -8,11 +8,13 @@ Used by the integration and crash tests, `make chaos` and `make bench`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -56,6 +58,88 @@ def require_services(*, postgres: bool = True) -> None:
             ) from None
 
 
+class WarmChild:
+    """A service forked by `WarmStarts`, with the part of `subprocess.Popen` the tests use."""
+
+    def __init__(self, starts: WarmStarts, request_id: int, pid: int) -> None:
+        self._starts = starts
+        self._id = request_id
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._starts.exits.get(self._id)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._starts.exited:
+            if not self._starts.exited.wait_for(lambda: self._id in self._starts.exits, timeout):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+        return self._starts.exits[self._id]
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class WarmStarts:
+    """One `python -m services.warm_start` per test process, shared by its deployments:
+    each service starts as a fork of an interpreter that has imported them all, as
+    `signoff up` starts them, instead of paying imports for every start and restart."""
+
+    _shared: WarmStarts | None = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> WarmStarts:
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared.process.poll() is not None:
+                cls._shared = cls()
+            return cls._shared
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "services.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            cwd=PROJECT_ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")},
+        )
+        self.exits: dict[int, int] = {}
+        self.exited = threading.Condition()
+        self._replies: dict[int, dict] = {}
+        self._lock = threading.Lock()
+        ready = json.loads(self.process.stdout.readline() or b"{}")
+        if "ready" not in ready:
+            raise AssertionError(f"services.warm_start did not start (exit {self.process.wait(10)})")
+        threading.Thread(target=self._read, name="warm-starts", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            reply = json.loads(line)
+            with self.exited:
+                if "code" in reply:
+                    self.exits[reply["id"]] = reply["code"]
+                else:
+                    self._replies[reply["id"]] = reply
+                self.exited.notify_all()
+
+    def start(self, service: str, env: dict[str, str], log: Path) -> WarmChild:
+        with self._lock:
+            self.process.stdin.write(json.dumps({"service": service, "env": env, "log": str(log),
+                                                 "cwd": str(PROJECT_ROOT)}).encode() + b"\n")
+            self.process.stdin.flush()
+            with self.exited:
+                if not self.exited.wait_for(lambda: self._replies, 30):
+                    raise AssertionError("services.warm_start did not answer a start request")
+                request_id, reply = self._replies.popitem()
+        if "error" in reply:
+            raise AssertionError(f"services.warm_start could not start {service}: {reply['error']}")
+        return WarmChild(self, request_id, reply["pid"])
+
+
 @dataclass
 class Deployment:
     """One isolated Signoff deployment: its settings, its processes, its data."""
@@ -66,7 +150,10 @@ class Deployment:
     tools_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "tools.yaml"
     script_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "script.yaml"
     extra_env: dict[str, str] = field(default_factory=dict)
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen | WarmChild] = field(default_factory=dict)
+    # True: every start is a new interpreter (`python -m services.cli run`), as a
+    # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
+    cold: bool = False
 
     @property
     def schema(self) -> str | None:
@@ -106,13 +193,16 @@ class Deployment:
             env = self.env()
             if faults:
                 env["SIGNOFF_FAULTS"] = faults
-            log = open(self.log_path(service), "ab")
-            log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
-            log.flush()
-            self.processes[service] = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "run", service],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
-            )
+            with open(self.log_path(service), "ab") as log:
+                log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
+            if self.cold:
+                with open(self.log_path(service), "ab") as log:
+                    self.processes[service] = subprocess.Popen(
+                        [sys.executable, "-m", "services.cli", "run", service],
+                        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+                    )
+            else:
+                self.processes[service] = WarmStarts.shared().start(service, env, self.log_path(service))
             started.append(service)
         for service in started:
             self.wait_ready(service)

@@ -1,5 +1,6 @@
 """One approval, end to end, on the real services (invariants 1, 2, 6, 9)."""
 
+import pytest
 from sqlalchemy import func, select
 
 from services.approval_ledger.models import Closure, Decision, ProviderAttemptRow, Session
@@ -8,7 +9,11 @@ from shared.messages import StartTurn, mint
 from tests.harness import next_event
 
 
-async def test_an_approved_call_runs_once_and_the_turn_completes(deployment, sink):
+# cold: each service a new interpreter (`signoff run <service>`), as a container
+# starts it; warm: forked from a preloaded one, as `signoff up` and the other tests start it.
+@pytest.mark.parametrize("start", ["warm", "cold"])
+async def test_an_approved_call_runs_once_and_the_turn_completes(deployment, sink, start):
+    deployment.cold = start == "cold"
     deployment.extra_env["SINK_URL"] = sink.url
     deployment.extra_env["SINK_TOKEN"] = "tok-123"
     deployment.start()

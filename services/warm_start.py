@@ -1,0 +1,202 @@
+"""Warm starts: a service process forked from an interpreter that has already
+imported every service, so that a (re)start costs a fork plus the service's own
+connect-and-declare, not the 1.5-2 s of interpreter start and imports.
+
+Why: after a crash, the time to the first pending approval being applied and
+its tool run is mostly process start-up (docs/performance.md, "recovery").
+A container restart still pays the cold start; `signoff up` and the test
+harness do not have to.
+
+Forking is safe here because the parent is kept simple: it has imported
+modules (which open no connections: settings, engines and brokers are built at
+start-up) and holds no threads, event loops or sockets. The child takes its
+environment, working directory and log file from the request, resets signal
+handling, and runs the service exactly as `signoff run <service>` does.
+
+Two users:
+- `signoff up` preloads and forks its children itself (`Child`).
+- `python -m services.warm_start` serves start requests as JSON lines on
+  stdin for the test harness: `{"service", "env", "log", "cwd"}` is answered
+  with `{"id", "pid"}`, and every exit with `{"id", "code"}` (code as
+  `subprocess` gives it: negative for a signal). Stdin closed: every child it
+  started is killed, then it exits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+SERVICES = {
+    "approval-ledger": "services.approval_ledger.main",
+    "publisher": "services.publisher.main",
+    "model-step": "services.model_step.main",
+    "tool-executor": "services.tool_executor.main",
+}
+
+
+def preload() -> None:
+    for module in SERVICES.values():
+        importlib.import_module(module)
+
+
+def run_service(service: str) -> int:
+    """Run one service in this process until it stops, with settings from the environment."""
+    from shared.settings import Settings
+
+    import asyncio
+
+    module = importlib.import_module(SERVICES[service])
+    asyncio.run(module.run(Settings()))
+    return 0
+
+
+def fork_service(service: str, *, log: str, env: dict[str, str] | None = None, cwd: str | None = None,
+                 new_session: bool = False) -> int:
+    """Start `service` in a forked child; return its pid. The child never returns."""
+    if service not in SERVICES:
+        raise ValueError(f"no service {service!r}; services are: {', '.join(SERVICES)}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        if new_session:
+            os.setsid()
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        nothing = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(nothing, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(output)
+        os.close(nothing)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        code = run_service(service)
+    except SystemExit as stop:
+        if isinstance(stop.code, int):
+            code = stop.code
+        elif stop.code is not None:
+            print(stop.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Child:
+    """A forked service child of this process, with the part of `subprocess.Popen` callers use."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def serve() -> None:
+    """Start services on request (stdin), report pids and exits (stdout); see the module's text."""
+    preload()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    # On fd 1 itself: a child's log replaces it, so no child holds the reply pipe open.
+    replies = open(1, "w", buffering=1, closefd=False)
+    started: dict[int, int] = {}  # pid -> request id
+    pending = b""
+    count = 0
+
+    def reap() -> None:
+        while started:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in started:
+                print(json.dumps({"id": started.pop(pid), "code": os.waitstatus_to_exitcode(status)}), file=replies)
+
+    print(json.dumps({"ready": os.getpid()}), file=replies)
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.fd == wake_read:
+                    os.read(wake_read, 4096)
+                    continue
+                data = os.read(0, 65536)
+                if not data:
+                    return
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    request = json.loads(line)
+                    count += 1
+                    try:
+                        pid = fork_service(request["service"], log=request["log"], env=request.get("env"),
+                                           cwd=request.get("cwd"))
+                    except Exception as error:  # a bad request must not end every other service's parent
+                        print(json.dumps({"id": count, "error": repr(error)}), file=replies)
+                        continue
+                    started[pid] = count
+                    print(json.dumps({"id": count, "pid": pid}), file=replies)
+            reap()
+    finally:
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+if __name__ == "__main__":
+    serve()
