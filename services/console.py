@@ -90,7 +90,7 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
 
 
 async def migrate_only(settings: Settings) -> int:
-    engine = create_engine(settings, pool_size=1)
+    engine = create_engine(settings, pool_size=2)
     try:
         await migrate(engine, settings)
     finally:
@@ -119,7 +119,7 @@ async def start_session(settings: Settings, text: str, session_id: str | None, w
 
 
 async def show_session(settings: Settings, session_id: str) -> int:
-    engine = create_engine(settings, pool_size=1)
+    engine = create_engine(settings, pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
             session = await db.get(Session, session_id)
@@ -148,7 +148,7 @@ async def show_session(settings: Settings, session_id: str) -> int:
 
 
 async def list_pending(settings: Settings, session_id: str | None) -> int:
-    engine = create_engine(settings, pool_size=1)
+    engine = create_engine(settings, pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
             query = select(ApprovalRequest).where(ApprovalRequest.status == "pending").order_by(ApprovalRequest.created_at)

@@ -276,7 +276,7 @@ class Deployment:
     @asynccontextmanager
     async def ledger(self):
         """A read connection to the ledger, for assertions."""
-        engine = create_engine(self.settings, pool_size=1)
+        engine = create_engine(self.settings, pool_size=2)
         try:
             yield sessionmaker(engine)
         finally:

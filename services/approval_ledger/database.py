@@ -25,7 +25,10 @@ def create_engine(settings: Settings, *, pool_size: int = 10) -> AsyncEngine:
         connect_args = {}
         if settings.database_schema:
             connect_args["server_settings"] = {"search_path": settings.database_schema}
-        return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args)
+        # No overflow: an overflow connection is closed when it is returned, so under
+        # steady load every checkout past the pool size paid a new connection (a TCP
+        # handshake, authentication and a PostgreSQL backend process) and dropped it.
+        return create_async_engine(url, pool_size=pool_size, max_overflow=0, connect_args=connect_args)
     Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
     # One connection: SQLite has one writer at a time anyway, and queueing in
     # the pool is kinder than "database is locked".

@@ -16,8 +16,8 @@ from . import handlers
 from .database import create_engine, migrate, sessionmaker
 from .handlers import Ledger
 
-# The ledger's PostgreSQL pool: this many connections, and as many again in overflow.
-POOL_SIZE = 10
+# The ledger's PostgreSQL pool, and so the most transitions in flight at once.
+POOL_SIZE = 20
 ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
     ("approval.respond", RespondToApproval, handlers.respond_to_approval),
@@ -47,7 +47,7 @@ async def run(settings: Settings) -> None:
     # No more transitions at once than the pool has connections: past that they
     # would queue inside the pool, whose checkout timeout turns load into failed
     # handlers, redeliveries and, after the delivery limit, dead letters.
-    in_flight = asyncio.Semaphore(POOL_SIZE * 2 if settings.is_postgres else 1)
+    in_flight = asyncio.Semaphore(POOL_SIZE if settings.is_postgres else 1)
 
     async def apply(handler, message) -> None:
         async with in_flight:
