@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 import aio_pika
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.approval_ledger.models import OutboxRow
@@ -25,6 +25,16 @@ log = logging.getLogger("signoff.publisher")
 
 
 OUTBOX = OutboxRow.__table__
+# Built once: the relay runs them for every batch.
+_UNSENT = (
+    select(OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange, OUTBOX.c.routing_key,
+           OUTBOX.c.body)
+    .where(OUTBOX.c.sent_at.is_(None))
+    .order_by(OUTBOX.c.id)
+    .limit(bindparam("batch_size"))
+)
+_MARK_SENT = update(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).values(
+    sent_at=bindparam("sent_at"))
 
 
 @dataclass
@@ -40,15 +50,7 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
         async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange,
-                           OUTBOX.c.routing_key, OUTBOX.c.body)
-                    .where(OUTBOX.c.sent_at.is_(None))
-                    .order_by(OUTBOX.c.id)
-                    .limit(self.batch_size)
-                )
-            ).all()
+            rows = (await conn.execute(_UNSENT, {"batch_size": self.batch_size})).all()
             await conn.rollback()
         if not rows:
             return 0
@@ -73,6 +75,6 @@ class OutboxRelay:
         )
         await faults.reached("publisher.after_send")
         async with self.engine.begin() as conn:
-            await conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_([r.id for r in rows])).values(sent_at=now()))
+            await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
             await schedule(conn, self.hooks, rows)
         return len(rows)
