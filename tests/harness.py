@@ -8,6 +8,7 @@ Used by the integration and crash tests, `make chaos` and `make bench`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -81,7 +82,8 @@ class WarmChild:
 
     def send_signal(self, number: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, number)
+            with contextlib.suppress(ProcessLookupError):  # gone, and its exit not read yet
+                os.kill(self.pid, number)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
