@@ -14,14 +14,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faststream.rabbit import RabbitBroker, RabbitMessage
 from pydantic import TypeAdapter, ValidationError
-from redis.asyncio import Redis
 
 from shared.messages import Envelope, encode
 from shared.topology import COMMAND_TYPES, DETAIL_HEADER, REASON_HEADER, Topology
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = logging.getLogger("signoff.consuming")
 
