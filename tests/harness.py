@@ -188,38 +188,43 @@ class Deployment:
     def log_path(self, service: str) -> Path:
         return self.data_dir / "logs" / f"{service}.log"
 
-    def start(self, *services: str, faults: str = "") -> None:
+    def start(self, *names: str, faults: str = "") -> None:
+        """Start services by name and wait until each is ready. A name is a service,
+        or `<service>#<n>` for another replica of it (its own log)."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         started = []
-        for service in services or SERVICES:
+        for name in names or SERVICES:
+            service = name.split("#")[0]
             env = self.env()
             if faults:
                 env["SIGNOFF_FAULTS"] = faults
-            with open(self.log_path(service), "ab") as log:
+            with open(self.log_path(name), "ab") as log:
                 log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
             if self.cold:
-                with open(self.log_path(service), "ab") as log:
-                    self.processes[service] = subprocess.Popen(
+                with open(self.log_path(name), "ab") as log:
+                    self.processes[name] = subprocess.Popen(
                         [sys.executable, "-m", "services.cli", "run", service],
                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
                     )
             else:
-                self.processes[service] = WarmStarts.shared().start(service, env, self.log_path(service))
-            started.append(service)
-        for service in started:
-            self.wait_ready(service)
+                self.processes[name] = WarmStarts.shared().start(service, env, self.log_path(name))
+            started.append(name)
+        for name in started:
+            self.wait_ready(name)
 
-    def wait_ready(self, service: str, timeout: float = 30.0) -> None:
+    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        """Until the process logs that it is ready, or (a standby publisher) standing by."""
+        service = name.split("#")[0]
         deadline = time.monotonic() + timeout
-        process = self.processes[service]
+        process = self.processes[name]
         while time.monotonic() < deadline:
-            lines = self.log_path(service).read_text(errors="replace").split("--- start ")[-1]
-            if f"{service} ready" in lines:
+            lines = self.log_path(name).read_text(errors="replace").split("--- start ")[-1]
+            if f"{service} ready" in lines or f"{service} standing by" in lines:
                 return
             if process.poll() is not None:
-                raise AssertionError(f"{service} exited with {process.returncode} during start-up:\n{lines[-3000:]}")
+                raise AssertionError(f"{name} exited with {process.returncode} during start-up:\n{lines[-3000:]}")
             time.sleep(0.05)
-        raise AssertionError(f"{service} not ready after {timeout}s:\n{self.log_path(service).read_text()[-3000:]}")
+        raise AssertionError(f"{name} not ready after {timeout}s:\n{self.log_path(name).read_text()[-3000:]}")
 
     def kill(self, service: str) -> None:
         """SIGKILL: no cleanup, no goodbye."""
