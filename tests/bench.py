@@ -531,23 +531,31 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
 
 async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]:
     """`mode` "warm": the two services restart as forks of a preloaded interpreter, as
-    `signoff up` restarts them; "cold": as new interpreters, as a container restarts."""
+    `signoff up` restarts them; "cold": as new interpreters, as a container restarts;
+    "failover": nothing restarts, a second ledger and a standby publisher, running
+    before the kill, carry on (timed from the kill)."""
     deployment, driver, ledger = ctx.deployment, ctx.driver, ctx.ledger
     ids = [f"bench-recovery-{uuid.uuid4().hex}" for _ in range(sessions)]
     waiters = [driver.watch(i) for i in ids]
+    if mode == "failover":
+        await asyncio.to_thread(deployment.start, *REPLICAS)
     try:
         await asyncio.gather(*(driver.start(i) for i in ids))
         requested = await asyncio.gather(*(w.wait("approval.requested", driver.timeout) for w in waiters))
         await ledger.quiescent()  # every event of the waiting sessions is out
         deployment.kill("approval-ledger")
         deployment.kill("publisher")
+        killed = time.time()
         await asyncio.gather(*(driver.approve(i, r) for i, r in zip(ids, requested, strict=True)))
-        deployment.cold = mode == "cold"
         restarted = time.time()
-        try:
-            await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
-        finally:
-            deployment.cold = False
+        if mode != "failover":
+            deployment.cold = mode == "cold"
+            try:
+                await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
+            finally:
+                deployment.cold = False
+        else:
+            restarted = killed
         ready_returned = time.time()
         await asyncio.gather(*(driver.finished(w, 60) for w in waiters))
         all_completed = time.time()
@@ -561,11 +569,17 @@ async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]
     decided = [t["decided_at"] for t in times.values() if t["decided_at"]]
     if len(closed) != sessions:
         raise BenchFailure(f"recovery: {len(closed)} of {sessions} approved calls closed")
+    if mode == "failover":
+        # Back to one of each, the same processes as before: the restarted ones stand
+        # by (the publisher) until the replicas go.
+        await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
+        for name in REPLICAS:
+            deployment.kill(name)
     return {
         "mode": mode,
         "sessions": sessions,
-        "ledger_ready": ready_time(deployment, "approval-ledger") - restarted,
-        "publisher_ready": ready_time(deployment, "publisher") - restarted,
+        "ledger_ready": None if mode == "failover" else ready_time(deployment, "approval-ledger") - restarted,
+        "publisher_ready": None if mode == "failover" else ready_time(deployment, "publisher") - restarted,
         "start_returned": ready_returned - restarted,
         "first_decision_committed": min(decided) - restarted,
         "first_executed": min(executed) - restarted,
@@ -575,7 +589,8 @@ async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]
     }
 
 
-RECOVERY_MODES = ("warm", "cold")
+RECOVERY_MODES = ("warm", "cold", "failover")
+REPLICAS = ("approval-ledger#2", "publisher#2")
 
 
 def ready_time(deployment: Deployment, service: str) -> float:
@@ -805,6 +820,11 @@ async def check_exactly_once(ctx: Context) -> dict[str, Any]:
 # --- report -------------------------------------------------------------------------
 
 
+def _median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
@@ -862,12 +882,18 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append("")
         for mode, m in recovery["median"].items():
             tries = [t for t in recovery["tries"] if t["mode"] == mode]
+            if mode == "failover":
+                lines.append(f"recovery, failover ({len(tries)} tries, {tries[0]['sessions']} pending, median s from "
+                             f"the kill): first executed {_f(m['first_executed'], 3)}, first closed "
+                             f"{_f(m['first_closed'], 3)}, all closed {_f(m['all_closed'], 3)}")
+                continue
             lines.append(f"recovery, {mode} restart ({len(tries)} tries, {tries[0]['sessions']} pending, median s "
                          f"from restart): ledger ready {_f(m['ledger_ready'], 3)}, publisher ready "
                          f"{_f(m['publisher_ready'], 3)}, first executed {_f(m['first_executed'], 3)}, first closed "
                          f"{_f(m['first_closed'], 3)}, all closed {_f(m['all_closed'], 3)}")
         lines.append("  warm: a fork of an interpreter with the services loaded, as `signoff up` restarts a service; "
-                     "cold: a new interpreter, as a container restarts")
+                     "cold: a new interpreter, as a container restarts; failover: nothing restarts, a second ledger "
+                     "and a standby publisher carry on")
     checks = result.get("checks") or {}
     lines.append("")
     if checks.get("passed") and not result["failures"]:
@@ -932,7 +958,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     tries.append(await recovery_try(ctx, args.recovery_sessions, mode))
         if tries:
             result["recovery"] = {"tries": tries, "median": {
-                mode: {k: statistics.median(t[k] for t in tries if t["mode"] == mode) for k in tries[0]
+                mode: {k: _median_of([t[k] for t in tries if t["mode"] == mode]) for k in tries[0]
                        if k not in ("sessions", "mode")}
                 for mode in RECOVERY_MODES}}
         result["checks"] = await check_exactly_once(ctx)
