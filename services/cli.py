@@ -98,10 +98,20 @@ class Supervisor:
     (`services.warm_start`): a restart after a crash is a fork and a connect,
     not a new interpreter."""
 
+    # How often a dead child is looked for: a crash costs at most this before the restart.
+    WATCH_SECONDS = 0.05
+    # A child that dies sooner than this after its start is crash-looping: each further
+    # restart waits twice as long as the last (up to BACKOFF_LIMIT) instead of spinning.
+    QUICK_DEATH_SECONDS = 5.0
+    BACKOFF_LIMIT = 30.0
+
     def __init__(self, settings: Settings, log_dir: Path | None = None) -> None:
         self.settings = settings
         self.log_dir = log_dir or settings.data_dir / "logs"
         self.children: dict[str, Child] = {}
+        self.started_at: dict[str, float] = {}
+        self.backoff: dict[str, float] = {}
+        self.restart_at: dict[str, float] = {}
         self.stopping = False
 
     def start(self) -> None:
@@ -121,13 +131,32 @@ class Supervisor:
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
         self.children[service] = Child(fork_service(service, log=str(self.log_dir / f"{service}.log"),
                                                     new_session=True))
+        self.started_at[service] = time.monotonic()
 
     def watch(self) -> None:
+        """Restart every child that died: at once after a crash, with backoff while it keeps dying at start."""
+        if self.stopping:
+            return
+        now = time.monotonic()
         for service, child in list(self.children.items()):
-            if child.poll() is not None and not self.stopping:
-                print(f"signoff: {service} exited with {child.returncode}; restarting (log: "
-                      f"{self.log_dir / (service + '.log')})", file=sys.stderr)
-                time.sleep(0.5)
+            if service in self.restart_at:
+                if now >= self.restart_at[service]:
+                    del self.restart_at[service]
+                    self._spawn(service)
+                continue
+            if child.poll() is None:
+                continue
+            if now - self.started_at[service] < self.QUICK_DEATH_SECONDS:
+                self.backoff[service] = min(self.BACKOFF_LIMIT, 2 * self.backoff.get(service, 0.25))
+            else:
+                self.backoff.pop(service, None)
+            delay = self.backoff.get(service, 0.0)
+            print(f"signoff: {service} exited with {child.returncode}; restarting"
+                  f"{f' in {delay:.1f} s' if delay else ''} (log: {self.log_dir / (service + '.log')})",
+                  file=sys.stderr, flush=True)
+            if delay:
+                self.restart_at[service] = now + delay
+            else:
                 self._spawn(service)
 
     def stop(self) -> None:
@@ -147,7 +176,7 @@ class Supervisor:
         print(f"signoff: services running (logs in {self.log_dir}); Ctrl-C stops them", flush=True)
         try:
             while True:
-                time.sleep(0.5)
+                time.sleep(self.WATCH_SECONDS)
                 self.watch()
         except KeyboardInterrupt:
             print("\nsignoff: stopping", flush=True)

@@ -209,7 +209,7 @@ def demo(settings: Settings) -> int:
         print("  .venv/bin/signoff session show ses_…")
         print("Ctrl-C stops the services.", flush=True)
         while True:
-            time.sleep(0.5)
+            time.sleep(supervisor.WATCH_SECONDS)
             supervisor.watch()
     except KeyboardInterrupt:
         print("\nsignoff: stopping", flush=True)

@@ -1,0 +1,115 @@
+"""`signoff up` and `signoff demo` (what `make run` runs), started as a user starts
+them: a killed service is back at once and the response that waited for it is
+applied once (invariant 9); Ctrl-C stops every service."""
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from shared.messages import mint
+from shared.settings import PROJECT_ROOT
+from tests.harness import SERVICES, Deployment, next_event, require_services, start_and_wait_for_approval
+
+
+def ready_pids(log_dir, service):
+    """The pids that logged `<service> ready`, in order."""
+    path = log_dir / f"{service}.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [int(pid) for pid in re.findall(rf"{service}\[(\d+)\] INFO signoff: {service} ready", text)]
+
+
+def wait_until(check, timeout=60.0, what="it"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+class Output:
+    """A child's merged stdout and stderr, read as it comes."""
+
+    def __init__(self, process):
+        self.lines = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process):
+        for line in process.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self):
+        return "".join(self.lines)
+
+
+async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_response_is_applied_once(
+        pg_deployment, sink):
+    deployment = pg_deployment
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="tok")
+    logs = deployment.data_dir / "up-logs"
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+                          cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(up)
+    try:
+        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 60, "all four ready")
+        async with deployment.console() as console:
+            events, requested = await start_and_wait_for_approval(console, mint("ses"))
+            [ledger] = ready_pids(logs, "approval-ledger")
+            os.kill(ledger, signal.SIGKILL)
+            await console.respond(requested.request_id, "approve", "", "", "tester")
+            completed = await next_event(events, "turn.completed", timeout=30)
+            assert completed.text == "Posted."
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 10, "a new ledger")
+        assert "approval-ledger exited with -9; restarting" in output.text
+        assert sink.counts["/sink"] == 1, "the approved call ran once"
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(30) == 0, output.text
+    assert all(gone(pid) for s in SERVICES for pid in ready_pids(logs, s)), "Ctrl-C left a service running"
+
+
+@pytest.fixture
+def sqlite_deployment(tmp_path):
+    require_services(postgres=False)
+    deployment = Deployment(store="sqlite", data_dir=tmp_path / "data")
+    yield deployment
+    asyncio.run(deployment.cleanup())
+
+
+def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(sqlite_deployment):
+    # What `make run` runs, with its own tools and script (deploy/), on SQLite, the default.
+    env = {k: v for k, v in sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
+    demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(demo)
+    try:
+        wait_until(lambda: "Ctrl-C stops the services." in output.text or demo.poll() is not None, 90,
+                   "the demo's end")
+        assert demo.poll() is None, output.text
+        text = output.text
+        assert "approval needed: Publish a blog post" in text and "request:   apr_" in text
+        assert "tool ran once and closed as output" in text and "final answer: Done" in text
+        assert list((sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
+    finally:
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(30) == 0, output.text
+    logs = sqlite_deployment.data_dir / "logs"
+    pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
+    assert len(pids) == 4 and all(gone(pid) for pid in pids), "Ctrl-C left a service running"
