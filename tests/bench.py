@@ -58,9 +58,11 @@ How each figure is taken (docs/performance.md repeats this):
   publish approvals for all of them while they are down; start both again and
   time from just before the start to the first of those calls executed
   (execution_claims.finished_at) and closed (closures.created_at). Each try is
-  made twice: a warm restart (a fork of an interpreter that has the services
-  loaded, as `signoff up` restarts a service) and a cold one (a new
-  interpreter, as a container restarts).
+  made three ways: a warm restart (a fork of an interpreter that has the
+  services loaded, as `signoff up` restarts a service), a cold one (a new
+  interpreter, as a container restarts), and failover (nothing restarts: a
+  second ledger and a standby publisher, started before the kill, carry on;
+  timed from the kill).
 - exactly once: at the end, every tool call of the run has exactly one claim
   with attempts == 1 and outcome output, exactly one closure of kind output,
   and the counter values recorded in the closures are exactly 1..N with N the
