@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.warm_start import SERVICES, Child, fork_service, preload, run_service
 from shared.settings import Settings
+
 ALIASES = {"ledger": "approval-ledger", "executor": "tool-executor", "model": "model-step"}
 
 

@@ -24,6 +24,7 @@ Two users:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import time
 import traceback
+
+from shared.settings import Settings
 
 SERVICES = {
     "approval-ledger": "services.approval_ledger.main",
@@ -49,10 +52,6 @@ def preload() -> None:
 
 def run_service(service: str) -> int:
     """Run one service in this process until it stops, with settings from the environment."""
-    from shared.settings import Settings
-
-    import asyncio
-
     module = importlib.import_module(SERVICES[service])
     asyncio.run(module.run(Settings()))
     return 0
