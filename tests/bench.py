@@ -549,15 +549,13 @@ async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]
         deployment.kill("publisher")
         killed = time.time()
         await asyncio.gather(*(driver.approve(i, r) for i, r in zip(ids, requested, strict=True)))
-        restarted = time.time()
+        restarted = killed if mode == "failover" else time.time()
         if mode != "failover":
             deployment.cold = mode == "cold"
             try:
                 await asyncio.to_thread(deployment.start, "approval-ledger", "publisher")
             finally:
                 deployment.cold = False
-        else:
-            restarted = killed
         ready_returned = time.time()
         await asyncio.gather(*(driver.finished(w, 60) for w in waiters))
         all_completed = time.time()

@@ -10,9 +10,8 @@ def store(request):
     return request.param
 
 
-@pytest.fixture
-def deployment(tmp_path, store):
-    """An isolated deployment (not yet started) on the parametrized store."""
+def _isolated(tmp_path, store):
+    """An isolated deployment (not yet started), cleaned up after the test."""
     require_services(postgres=store == "postgres")
     deployment = Deployment(store=store, data_dir=tmp_path / "data")
     yield deployment
@@ -20,11 +19,19 @@ def deployment(tmp_path, store):
 
 
 @pytest.fixture
+def deployment(tmp_path, store):
+    """On the parametrized store."""
+    yield from _isolated(tmp_path, store)
+
+
+@pytest.fixture
 def pg_deployment(tmp_path):
-    require_services(postgres=True)
-    deployment = Deployment(store="postgres", data_dir=tmp_path / "data")
-    yield deployment
-    asyncio.run(deployment.cleanup())
+    yield from _isolated(tmp_path, "postgres")
+
+
+@pytest.fixture
+def sqlite_deployment(tmp_path):
+    yield from _isolated(tmp_path, "sqlite")
 
 
 @pytest.fixture

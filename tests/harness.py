@@ -200,14 +200,14 @@ class Deployment:
                 env["SIGNOFF_FAULTS"] = faults
             with open(self.log_path(name), "ab") as log:
                 log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
-            if self.cold:
-                with open(self.log_path(name), "ab") as log:
+                log.flush()
+                if self.cold:
                     self.processes[name] = subprocess.Popen(
                         [sys.executable, "-m", "services.cli", "run", service],
                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
                     )
-            else:
-                self.processes[name] = WarmStarts.shared().start(service, env, self.log_path(name))
+                else:
+                    self.processes[name] = WarmStarts.shared().start(service, env, self.log_path(name))
             started.append(name)
         for name in started:
             self.wait_ready(name)

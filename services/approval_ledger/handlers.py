@@ -368,7 +368,7 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
     # call before it closed) come first; this step's are minted in ascending
     # order so that the ledger's order (created_at, id) is the model's call order.
     asks = [call for plan, call in zip(plans, calls, strict=True) if plan.action == "ask"]
-    earlier = await _stored_pending_request_ids(uow, session.id) if step.waiting and asks else []
+    earlier = await _stored_pending_request_ids(uow, session.id) if step.waiting else []
     request_ids = dict(zip((call["id"] for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
     closures = {}
@@ -405,8 +405,6 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
     steps_calls = [{"id": c["id"], "provider_call_id": c["provider_call_id"], "tool": c["tool"],
                     "status": c["status"], "closure": closures.get(c["id"]), "note": None, "turn_id": turn_id}
                    for c in calls]
-    if step.waiting and not asks:
-        pending = await _stored_pending_request_ids(uow, session.id)
     await _resume_if_step_closed(ledger, uow, session, steps_calls, bool(pending), event)
 
 

@@ -90,10 +90,11 @@ async def _listen(settings: Settings, wake: asyncio.Event):
     # Hold leadership for as long as this connection lives; a killed leader's lock goes with it.
     # A standby blocks in pg_advisory_lock and so takes over the moment the leader's
     # connection ends (PostgreSQL sees a SIGKILLed client's socket close at once).
-    lock = LEADER_LOCK ^ zlib.crc32(notify_channel(settings).encode()) % 2**31
+    channel = notify_channel(settings)
+    lock = LEADER_LOCK ^ zlib.crc32(channel.encode()) % 2**31
     if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", lock):
         log.info("publisher standing by: another publisher is relaying this ledger; taking over when it stops")
         await connection.execute("SELECT pg_advisory_lock($1)", lock)
         log.info("publisher taking over the relay")
-    await connection.add_listener(notify_channel(settings), lambda *_: wake.set())
+    await connection.add_listener(channel, lambda *_: wake.set())
     return connection

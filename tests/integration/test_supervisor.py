@@ -11,11 +11,10 @@ import sys
 import threading
 import time
 
-import pytest
 
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
-from tests.harness import SERVICES, Deployment, next_event, require_services, start_and_wait_for_approval
+from tests.harness import SERVICES, next_event, start_and_wait_for_approval
 
 
 def ready_pids(log_dir, service):
@@ -83,14 +82,6 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0, output.text
     assert all(gone(pid) for s in SERVICES for pid in ready_pids(logs, s)), "Ctrl-C left a service running"
-
-
-@pytest.fixture
-def sqlite_deployment(tmp_path):
-    require_services(postgres=False)
-    deployment = Deployment(store="sqlite", data_dir=tmp_path / "data")
-    yield deployment
-    asyncio.run(deployment.cleanup())
 
 
 def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(sqlite_deployment):
