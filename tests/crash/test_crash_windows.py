@@ -40,12 +40,11 @@ async def assert_one_request_and_one_run(deployment, sink, session_id, requested
     assert [c.kind for c in closures] == ["output"]
 
 
-async def test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id_answerable(pg_deployment, sink,
+async def test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id_answerable(deployment, sink,
                                                                                               tmp_path):
     """The exact scenario of reference 000 (invariants 1, 2): the hook's receiver did its
     work but holds its answer; the services die; the hook is released; replacements
     start; the original request id resumes exactly the original call, once."""
-    deployment = pg_deployment
     wire(deployment, sink)
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text(json.dumps({"hooks": [{"name": "app", "url": f"{sink.url}/hook", "secret": "s3cret",
@@ -78,9 +77,8 @@ async def test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id
         assert request["headers"]["Signoff-Signature"] == f"sha256={expected}"
 
 
-async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mints_the_only_request(pg_deployment,
+async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mints_the_only_request(deployment,
                                                                                                     sink):
-    deployment = pg_deployment
     wire(deployment, sink)
     deployment.start_with_fault("approval-ledger", "ledger.before_commit@step.completed")
     session_id = mint("ses")
@@ -97,8 +95,7 @@ async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mi
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
 
-async def test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op(pg_deployment, sink):
-    deployment = pg_deployment
+async def test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op(deployment, sink):
     wire(deployment, sink)
     deployment.start_with_fault("approval-ledger", "ledger.after_commit@step.completed")
     session_id = mint("ses")
@@ -116,8 +113,7 @@ async def test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_
 
 
 async def test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        deployment, sink):
     wire(deployment, sink)
     deployment.start_with_fault("publisher", "publisher.after_send")
     session_id = mint("ses")
@@ -139,8 +135,7 @@ async def test_a_publisher_killed_after_send_before_marking_resends_with_the_sam
     assert sorted(a.status for a in attempts if a.status != "discarded") == ["completed", "completed"]
 
 
-async def test_a_response_sent_while_the_ledger_is_down_waits_and_is_applied_once(pg_deployment, sink):
-    deployment = pg_deployment
+async def test_a_response_sent_while_the_ledger_is_down_waits_and_is_applied_once(deployment, sink):
     wire(deployment, sink)
     deployment.start()
     session_id = mint("ses")
@@ -157,8 +152,7 @@ async def test_a_response_sent_while_the_ledger_is_down_waits_and_is_applied_onc
 
 
 async def test_an_outward_call_whose_executor_died_mid_call_is_closed_as_outcome_unknown_and_never_rerun(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        deployment, sink):
     wire(deployment, sink)
     deployment.start()
     session_id = mint("ses")
@@ -178,8 +172,7 @@ async def test_an_outward_call_whose_executor_died_mid_call_is_closed_as_outcome
     assert sink.counts["/sink"] == 1, "an outward call is never repeated"
 
 
-async def test_an_outward_call_killed_after_its_effect_before_recording_is_outcome_unknown(pg_deployment, sink):
-    deployment = pg_deployment
+async def test_an_outward_call_killed_after_its_effect_before_recording_is_outcome_unknown(deployment, sink):
     wire(deployment, sink)
     deployment.start_with_fault("tool-executor", "executor.after_effect")
     session_id = mint("ses")
@@ -193,8 +186,7 @@ async def test_an_outward_call_killed_after_its_effect_before_recording_is_outco
 
 
 async def test_an_idempotent_call_whose_executor_died_mid_call_is_retried_with_the_same_idempotency_key(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        deployment, sink):
     wire(deployment, sink)
     deployment.start()
     session_id = "put-" + mint("ses")
@@ -214,9 +206,8 @@ async def test_an_idempotent_call_whose_executor_died_mid_call_is_retried_with_t
     assert (claim.status, claim.attempts) == ("finished", 2)
 
 
-async def test_an_executor_killed_after_recording_reports_the_recorded_result_without_running_again(pg_deployment,
+async def test_an_executor_killed_after_recording_reports_the_recorded_result_without_running_again(deployment,
                                                                                                    sink):
-    deployment = pg_deployment
     wire(deployment, sink)
     deployment.start_with_fault("tool-executor", "executor.after_record")
     session_id = mint("ses")
@@ -228,8 +219,7 @@ async def test_an_executor_killed_after_recording_reports_the_recorded_result_wi
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
 
-async def test_a_model_step_killed_after_reporting_has_its_second_report_discarded_and_counted(pg_deployment, sink):
-    deployment = pg_deployment
+async def test_a_model_step_killed_after_reporting_has_its_second_report_discarded_and_counted(deployment, sink):
     wire(deployment, sink)
     deployment.start_with_fault("model-step", "model_step.after_report")
     session_id = mint("ses")
@@ -250,8 +240,7 @@ async def test_a_model_step_killed_after_reporting_has_its_second_report_discard
 
 
 async def test_a_model_step_killed_mid_call_is_redelivered_and_the_lost_attempt_is_counted_as_abandoned(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        deployment, sink):
     wire(deployment, sink)
     deployment.start_with_fault("model-step", "model_step.mid_call")
     session_id = mint("ses")
@@ -266,10 +255,9 @@ async def test_a_model_step_killed_mid_call_is_redelivered_and_the_lost_attempt_
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
 
-async def test_redis_flushed_at_every_step_changes_nothing_but_speed(pg_deployment, sink):
+async def test_redis_flushed_at_every_step_changes_nothing_but_speed(deployment, sink):
     """Invariant 8, with a redelivered response: the ledger dies after committing the
     decision, Redis is flushed, and the redelivery must still be a no-op."""
-    deployment = pg_deployment
     wire(deployment, sink)
     deployment.start_with_fault("approval-ledger", "ledger.after_commit@approval.respond")
     session_id = mint("ses")
