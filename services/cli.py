@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--reason", required=True)
     deny.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
 
-    commands.add_parser("dead-letters", help="list messages that were dead-lettered, with their reasons")
+    dead = commands.add_parser("dead-letters", help="list parked (dead-lettered) messages with their reasons; "
+                                                    "they stay parked")
+    dead.add_argument("--limit", type=int, default=100, help="show at most this many (default 100)")
 
     args = parser.parse_args(argv)
     settings = Settings()
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "deny":
             return asyncio.run(console.respond(settings, args.request_id, "deny", args.reason, "", args.responder))
         if args.command == "dead-letters":
-            return asyncio.run(console.dead_letters(settings))
+            return asyncio.run(console.dead_letters(settings, args.limit))
     except KeyboardInterrupt:
         return 130
     parser.error("unknown command")

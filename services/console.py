@@ -18,6 +18,7 @@ from sqlalchemy import select
 from services.approval_ledger.database import create_engine, migrate, sessionmaker
 from services.approval_ledger.models import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.consuming import declare, publish
+from shared.dead_letters import describe as describe_parked
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
 from shared.runtime import Unreachable, _address, check_reachable
 from shared.settings import Settings
@@ -177,18 +178,27 @@ async def respond(settings: Settings, request_id: str, decision: str, reason: st
     return 0
 
 
-async def dead_letters(settings: Settings) -> int:
+async def dead_letters(settings: Settings, limit: int = 100) -> int:
+    """List parked messages without consuming them: count first, then take that
+    many unacknowledged, each once, and close the channel, which returns them all
+    to the queue in their order. The dead-letter queue has no delivery limit, so
+    a listing never counts against them."""
     async with Console(settings) as console:
-        queue = await console.channel.declare_queue(console.topology.dead_letter_queue.name, passive=True)
-        count = 0
-        while (raw := await queue.get(no_ack=False, fail=False)) is not None:
-            count += 1
-            headers = raw.headers or {}
-            print(f"{raw.message_id}: {headers.get('x-signoff-reason')}: {headers.get('x-signoff-detail')}")
-            await raw.reject(requeue=True)
-            if count > 1000:
-                break
-        print(f"{count} dead-lettered message(s) in {console.topology.dead_letter_queue.name}")
+        name = console.topology.dead_letter_queue.name
+        channel = await console.connection.channel()
+        try:
+            queue = await channel.declare_queue(name, passive=True)
+            total = queue.declaration_result.message_count
+            print(f"{total} dead-lettered message(s) in {name}")
+            for _ in range(min(total, limit)):
+                raw = await queue.get(no_ack=False, fail=False)
+                if raw is None:  # parked messages were taken meanwhile
+                    break
+                print(describe_parked(raw.message_id, raw.body, raw.headers).line())
+            if total > limit:
+                print(f"(the first {limit} shown; --limit shows more)")
+        finally:
+            await channel.close()
     return 0
 
 

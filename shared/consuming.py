@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from faststream.rabbit import RabbitBroker, RabbitMessage
 from pydantic import TypeAdapter, ValidationError
 
-from shared.messages import Envelope, encode
-from shared.topology import COMMAND_TYPES, DETAIL_HEADER, REASON_HEADER, Topology
+from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
+from shared.messages import Envelope, encode, now
+from shared.topology import COMMAND_TYPES, Topology
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -80,7 +81,8 @@ class Inbound:
         if await self._already_handled(message.message_id):
             await raw.ack()
             return
-        previous_deliveries.set(int((raw.headers or {}).get("x-delivery-count") or 0))
+        delivered_before = int((raw.headers or {}).get("x-delivery-count") or 0)
+        previous_deliveries.set(delivered_before)
         work = asyncio.ensure_future(handle(message))
         try:
             # A lost broker connection cancels the consumer; the work itself is
@@ -93,7 +95,14 @@ class Inbound:
         except Rejected as rejection:
             await self.dead_letter(raw, rejection.code, rejection.detail)
             return
-        except Exception:
+        except Exception as error:
+            if delivered_before >= self.topology.delivery_limit:
+                # RabbitMQ would park it after this nack, saying only "delivery_limit":
+                # park it here instead, with the error that kept it from succeeding.
+                log.exception("%s: handling %s failed on its last delivery", self.consumer, message.message_id)
+                await self.dead_letter(raw, DELIVERY_LIMIT, f"failed on all {delivered_before + 1} deliveries; "
+                                                            f"the last error: {type(error).__name__}: {error}")
+                return
             log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)
             # A short pause keeps a dead database from turning into a hot loop.
             await asyncio.sleep(0.5)
@@ -131,7 +140,8 @@ class Inbound:
             headers={
                 REASON_HEADER: code,
                 DETAIL_HEADER: detail[:2000],
-                "x-signoff-consumer": self.consumer,
+                CONSUMER_HEADER: self.consumer,
+                PARKED_AT_HEADER: now().isoformat(timespec="seconds"),
             },
         )
         await raw.ack()

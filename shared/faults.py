@@ -4,7 +4,9 @@
 time it reaches that point. `ledger.after_commit@step.completed` narrows it to
 one tag (for the ledger: the type of the message being applied). `:hold`
 instead blocks there until the file `<data_dir>/faults/<name>.release` exists.
-Each armed point fires once and writes `<data_dir>/faults/<name>.reached`.
+`:raise` raises `FaultRaised` there every time, not once: a handler that fails
+on every delivery, as a poison message or a lasting outage makes it.
+Each armed point writes `<data_dir>/faults/<name>.reached`; kill and hold fire once.
 Unarmed, a fault point costs one truth test of an empty dict.
 """
 
@@ -42,20 +44,28 @@ def arm(spec: str, data_dir: Path) -> None:
         name, _, tag = point.partition("@")
         if name not in POINTS:
             raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
-        if mode not in ("", "kill", "hold"):
-            raise ValueError(f"unknown fault mode {mode!r}: use kill or hold")
+        if mode not in ("", "kill", "hold", "raise"):
+            raise ValueError(f"unknown fault mode {mode!r}: use kill, hold or raise")
         _armed[(name, tag or None)] = mode or "kill"
+
+
+class FaultRaised(RuntimeError):
+    """Raised at a fault point armed with `:raise`."""
 
 
 async def reached(name: str, tag: str | None = None) -> None:
     if not _armed:
         return
-    mode = _armed.pop((name, tag), None) or _armed.pop((name, None), None)
+    key = (name, tag) if (name, tag) in _armed else (name, None)
+    mode = _armed.get(key)
     if mode is None:
         return
     marker = _data_dir / "faults"
     marker.mkdir(parents=True, exist_ok=True)
     (marker / f"{name}.reached").write_text(str(os.getpid()))
+    if mode == "raise":
+        raise FaultRaised(f"fault point {name} armed to raise")
+    del _armed[key]
     if mode == "hold":
         release = marker / f"{name}.release"
         while not release.exists():

@@ -25,8 +25,6 @@ SERVICE_QUEUES = {
     "tool.execute": "tool-executor.requests",
 }
 COMMAND_TYPES = {**LEDGER_QUEUES, **SERVICE_QUEUES}
-REASON_HEADER = "x-signoff-reason"
-DETAIL_HEADER = "x-signoff-detail"
 
 
 @dataclass(frozen=True)
@@ -49,6 +47,8 @@ class Topology:
 
     @property
     def dead_letter_queue(self) -> RabbitQueue:
+        """No delivery limit: listing parked messages returns them unacked, and that
+        must never count against them (`signoff dead-letters`)."""
         return RabbitQueue(
             f"{self.namespace}.dead-letters",
             queue_type=QueueType.QUORUM,

@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 
 from services.approval_ledger.models import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
-from shared.topology import DETAIL_HEADER, REASON_HEADER
+from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
 from tests.harness import eventually, next_event, start_and_wait_for_approval
 
 

@@ -1,0 +1,95 @@
+"""What an operator is told about a parked (dead-lettered) message.
+
+A message reaches the dead-letter queue by one of two paths, and both must
+name a reason (invariant 9):
+
+- a consumer parked it (bad input, a handler's rejection, or its last delivery
+  failed): the `x-signoff-*` headers carry the reason, the detail (the last
+  error, for a message that failed on every delivery), the consumer and when;
+- RabbitMQ parked it (its delivery limit was reached while no consumer could
+  say why, e.g. each delivery killed its consumer): the broker's own `x-death`
+  header carries the reason, the queue and the time.
+
+Pure: headers and body in, a description out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+REASON_HEADER = "x-signoff-reason"
+DETAIL_HEADER = "x-signoff-detail"
+CONSUMER_HEADER = "x-signoff-consumer"
+PARKED_AT_HEADER = "x-signoff-parked-at"
+# The reason a consumer gives a message whose every delivery failed, the same
+# word RabbitMQ uses when it parks one itself.
+DELIVERY_LIMIT = "delivery_limit"
+
+
+@dataclass(frozen=True)
+class ParkedMessage:
+    message_id: str
+    message_type: str
+    session_id: str
+    reason: str
+    detail: str
+    consumer: str
+    parked_at: str
+
+    def line(self) -> str:
+        return (f"{self.parked_at}  {self.message_id}  type={self.message_type} session={self.session_id}  "
+                f"consumer={self.consumer}\n    {self.reason}: {self.detail}")
+
+
+def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None) -> ParkedMessage:
+    headers = headers or {}
+    envelope = _envelope(body)
+    death = _first_death(headers)
+    reason = _text(headers.get(REASON_HEADER)) or _text(death.get("reason")) or "unknown"
+    detail = _text(headers.get(DETAIL_HEADER))
+    consumer = _text(headers.get(CONSUMER_HEADER))
+    if not detail and death:
+        detail = (f"parked by RabbitMQ from {_text(death.get('queue'))} after {death.get('count', 1)} time(s); "
+                  "no consumer recorded an error (each delivery may have stopped its consumer)")
+    parked_at = _text(headers.get(PARKED_AT_HEADER)) or _when(death.get("time"))
+    return ParkedMessage(
+        message_id=message_id or _text(envelope.get("message_id")) or "?",
+        message_type=_text(envelope.get("type")) or "?",
+        session_id=_text(envelope.get("session_id")) or "?",
+        reason=reason,
+        detail=detail or "(none)",
+        consumer=consumer or (f"queue {_text(death.get('queue'))}" if death else "?"),
+        parked_at=parked_at or "?",
+    )
+
+
+def _envelope(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        return deaths[0]
+    return {}
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return str(value)
+    return value
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else _text(value)
