@@ -103,16 +103,18 @@ class Supervisor:
 
     # How often a dead child is looked for: a crash costs at most this before the restart.
     WATCH_SECONDS = 0.05
-    # A child that dies sooner than this after its start is crash-looping: each further
-    # restart waits twice as long as the last (up to BACKOFF_LIMIT) instead of spinning.
-    QUICK_DEATH_SECONDS = 5.0
+    # A child that dies before it became ready is crash-looping (bad settings, a
+    # dependency away): each further restart waits twice as long as the last, up
+    # to BACKOFF_LIMIT, instead of spinning. One that was ready and working is
+    # restarted at once, however soon after its last start it died.
     BACKOFF_LIMIT = 30.0
 
     def __init__(self, settings: Settings, log_dir: Path | None = None) -> None:
         self.settings = settings
         self.log_dir = log_dir or settings.data_dir / "logs"
         self.children: dict[str, Child] = {}
-        self.started_at: dict[str, float] = {}
+        # Where each child's log stood when it was started: what it logged since says whether it became ready.
+        self.log_offset: dict[str, int] = {}
         self.backoff: dict[str, float] = {}
         self.restart_at: dict[str, float] = {}
         self.stopping = False
@@ -132,9 +134,16 @@ class Supervisor:
 
     def _spawn(self, service: str) -> None:
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
-        self.children[service] = Child(fork_service(service, log=str(self.log_dir / f"{service}.log"),
-                                                    new_session=True))
-        self.started_at[service] = time.monotonic()
+        log = self.log_dir / f"{service}.log"
+        self.log_offset[service] = log.stat().st_size if log.exists() else 0
+        self.children[service] = Child(fork_service(service, log=str(log), new_session=True))
+
+    def became_ready(self, service: str) -> bool:
+        """Whether the child last started logged that it was ready (or, a publisher, standing by)."""
+        with open(self.log_dir / f"{service}.log", "rb") as log:
+            log.seek(self.log_offset[service])
+            since = log.read().decode("utf-8", "replace")
+        return f"{service} ready" in since or f"{service} standing by" in since
 
     def watch(self) -> None:
         """Restart every child that died: at once after a crash, with backoff while it keeps dying at start."""
@@ -149,10 +158,10 @@ class Supervisor:
                 continue
             if child.poll() is None:
                 continue
-            if now - self.started_at[service] < self.QUICK_DEATH_SECONDS:
-                self.backoff[service] = min(self.BACKOFF_LIMIT, 2 * self.backoff.get(service, 0.25))
-            else:
+            if self.became_ready(service):
                 self.backoff.pop(service, None)
+            else:
+                self.backoff[service] = min(self.BACKOFF_LIMIT, 2 * self.backoff.get(service, 0.25))
             delay = self.backoff.get(service, 0.0)
             print(f"signoff: {service} exited with {child.returncode}; restarting"
                   f"{f' in {delay:.1f} s' if delay else ''} (log: {self.log_dir / (service + '.log')})",

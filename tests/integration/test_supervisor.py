@@ -76,7 +76,11 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
             completed = await next_event(events, "turn.completed", timeout=30)
             assert completed.text == "Posted."
         await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 10, "a new ledger")
-        assert "approval-ledger exited with -9; restarting" in output.text
+        # Killed again at once: it had been ready and working, so it is no crash loop and gets no backoff.
+        os.kill(ready_pids(logs, "approval-ledger")[-1], signal.SIGKILL)
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 3, 10, "a third ledger")
+        restarts = [line for line in output.lines if line.startswith("signoff: approval-ledger exited")]
+        assert restarts == [f"signoff: approval-ledger exited with -9; restarting (log: {logs}/approval-ledger.log)\n"] * 2
         assert sink.counts["/sink"] == 1, "the approved call ran once"
     finally:
         up.send_signal(signal.SIGINT)
