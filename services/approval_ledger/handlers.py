@@ -265,9 +265,11 @@ def transition(handler):
 
     @functools.wraps(handler)
     async def apply(ledger: Ledger, message: Envelope) -> None:
+        # A turn may open a session; no other message may.
+        provider = (message.provider or ledger.default_provider) if isinstance(message, StartTurn) else None
         async with ledger.unit_of_work() as uow:
             try:
-                session = await uow.lock_session(message.session_id)
+                session = await uow.lock_session(message.session_id, create_with_provider=provider)
                 await uow.receive(message)
                 await handler(ledger, uow, session, message)
                 await uow.commit()
@@ -279,8 +281,7 @@ def transition(handler):
 
 @transition
 async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | None, command: StartTurn) -> None:
-    if session is None:
-        session = uow.add_session(command.session_id, command.provider or ledger.default_provider)
+    assert session is not None, "a turn opens its session"
     if session.status in domain.BUSY_STATUSES:
         _reject(uow, session, command, "session_busy",
                 f"The session is {session.status}; a new turn can start when it is idle.")

@@ -38,6 +38,7 @@ INSERT_ORDER: tuple[Table, ...] = tuple(
 )
 
 _LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
+_INSERT_SESSION = {dialect: insert_unless_present(SESSIONS, "id", dialect) for dialect in ("postgresql", "sqlite")}
 # A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
 # On PostgreSQL the same statement queues the publisher's NOTIFY, delivered on commit only.
 _INBOX_INSERT = {
@@ -46,7 +47,7 @@ _INBOX_INSERT = {
     .returning(func.pg_notify(bindparam("channel"), "")),
     ("sqlite", False): insert_unless_present(INBOX, "message_id", "sqlite"),
 }
-_INSERT = {table: table.insert() for table in (SESSIONS, OUTBOX, *INSERT_ORDER)}
+_INSERT = {table: table.insert() for table in (OUTBOX, *INSERT_ORDER)}
 # The SET clause is the parameters' column names; every updated table has an `id` key.
 _UPDATE_BY_ID = {table: table.update().where(table.c.id == bindparam("id_")) for table in (SESSIONS, *INSERT_ORDER)
                  if "id" in table.c}
@@ -117,8 +118,18 @@ class UnitOfWork:
         await self.db.rollback()
         await self.db.close()
 
-    async def lock_session(self, session_id: str) -> SessionState | None:
-        """Serialize transitions of one session across ledger replicas (a row lock)."""
+    async def lock_session(self, session_id: str, *, create_with_provider: str | None = None) -> SessionState | None:
+        """Serialize transitions of one session across ledger replicas (a row lock).
+
+        `create_with_provider`: a new session is inserted first (unless present), so
+        that two first messages of one session meet at the row lock, the second
+        seeing what the first committed, instead of both inserting and one failing
+        on the primary key."""
+        if create_with_provider is not None:
+            await self.db.execute(_INSERT_SESSION[self.db.dialect.name], {
+                "id": session_id, "status": "idle", "provider": create_with_provider, "event_seq": 0,
+                "transcript_len": 0, "status_reason": None, "created_at": self.now, "updated_at": self.now,
+            })
         row = (await self.db.execute(_LOCK_SESSION, {"session_id": session_id})).first()
         if row is None:
             return None
@@ -134,12 +145,6 @@ class UnitOfWork:
             transcript_base=row.transcript_len,
         )
         self._session.stored = self._session.written()
-        return self._session
-
-    def add_session(self, session_id: str, provider: str) -> SessionState:
-        """A new session row, inserted before any of its children."""
-        self._session = SessionState(id=session_id, status="idle", provider=provider, event_seq=0, transcript_len=0,
-                                     created_at=self.now, updated_at=self.now)
         return self._session
 
     async def receive(self, message: Envelope) -> None:
@@ -197,7 +202,7 @@ class UnitOfWork:
         return message
 
     async def flush(self, *, outbox: bool = True, final: bool = False) -> None:
-        """Write what was collected so far: a new session first, one INSERT per table, the updates,
+        """Write what was collected so far: one INSERT per table, the updates,
         then (unless told otherwise) the outbox rows in emission order; `final`: also the session
         row's changes and the NOTIFY. The writes run in one greenlet (`run_sync`): the same
         statements, without an asyncio round per statement."""
@@ -205,18 +210,6 @@ class UnitOfWork:
 
     def _write(self, db: Connection, outbox: bool, final: bool) -> None:
         session = self._session
-        if session is not None and session.stored is None:
-            db.execute(_INSERT[SESSIONS], {
-                "id": session.id,
-                "status": session.status,
-                "provider": session.provider,
-                "event_seq": session.event_seq,
-                "transcript_len": session.transcript_len,
-                "status_reason": session.status_reason,
-                "created_at": session.created_at,
-                "updated_at": session.updated_at,
-            })
-            session.stored = session.written()
         for table in INSERT_ORDER:
             rows = self._rows.pop(table, None)
             if rows:

@@ -1,13 +1,15 @@
 """Redelivery is applied once (the inbox, invariant 8); bad input is answered,
 never applied, and never blocks the queue (invariant 9)."""
 
+import asyncio
+
 import aio_pika
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from services.approval_ledger.models import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
-from tests.harness import eventually, next_event, start_and_wait_for_approval
+from tests.harness import SERVICES, eventually, next_event, start_and_wait_for_approval
 
 
 async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed(deployment, sink):
@@ -117,3 +119,32 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
     assert reasons["bad-shape"][0] == "invalid" and "request_id" in reasons["bad-shape"][1]
     assert reasons["too-big"][0] == "oversized"
     assert sink.counts["/sink"] == 1
+
+
+async def test_two_first_turns_of_one_new_session_get_one_turn_and_one_session_busy_refusal_at_once(pg_deployment):
+    """The first turn holds its transaction open (session row inserted, not committed)
+    while the second arrives: the second waits at the session row and is refused as
+    busy on its first delivery, with no duplicate-key error and no redelivery."""
+    deployment = pg_deployment
+    deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
+    deployment.start("approval-ledger", faults="ledger.before_commit@turn.start:hold")
+    session_id = mint("ses")
+    first, second = StartTurn(session_id=session_id, text="one"), StartTurn(session_id=session_id, text="two")
+    async with deployment.console() as console, deployment.ledger() as ledger:
+        events = await console.watch(session_id)
+        await console.send(first)
+        await eventually(lambda: asyncio.to_thread(deployment.fault_reached, "ledger.before_commit"))
+        await console.send(second)
+
+        async def second_waits_on_the_first():
+            async with ledger() as db:
+                return await db.scalar(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'INSERT INTO sessions%'"))
+
+        await eventually(second_waits_on_the_first)
+        deployment.release("ledger.before_commit")
+        rejected = await next_event(events, "message.rejected")
+        assert (rejected.rejected_message_id, rejected.reason_code) == (second.message_id, "session_busy")
+    log = deployment.log_path("approval-ledger").read_text()
+    assert "will be redelivered" not in log and "UniqueViolation" not in log, log[-3000:]
