@@ -15,8 +15,8 @@ import aio_pika
 from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
-from services.approval_ledger.database import create_engine, migrate, sessionmaker
-from services.approval_ledger.models import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
+from shared.ledger.database import create_engine, migrate, sessionmaker
+from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.consuming import declare, publish
 from shared.dead_letters import describe as describe_parked
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from services.approval_ledger.models import ApprovalRequest, Closure, OutboxRow, Session, ToolCall
+from shared.ledger.tables import ApprovalRequest, Closure, OutboxRow, Session, ToolCall
 from shared.messages import EVENT, StartTurn, mint
 from shared.topology import Topology
 from tests.harness import SERVICES, Deployment, require_services

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.approval_ledger.database import create_engine, sessionmaker
+from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings

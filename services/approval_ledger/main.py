@@ -13,7 +13,7 @@ from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
-from .database import create_engine, migrate, sessionmaker
+from shared.ledger.database import create_engine, migrate, notify_channel, sessionmaker
 from .handlers import Ledger
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.
@@ -24,13 +24,6 @@ ROUTES = (
     ("step.completed", ModelStepCompleted, handlers.model_step_completed),
     ("tool.completed", ToolExecuted, handlers.tool_executed),
 )
-
-
-def notify_channel(settings: Settings) -> str | None:
-    """The PostgreSQL channel the publisher listens on; SQLite has none (it polls)."""
-    if not settings.is_postgres:
-        return None
-    return f"{settings.namespace}_{settings.database_schema or 'public'}_outbox".replace("-", "_").lower()
 
 
 async def run(settings: Settings) -> None:

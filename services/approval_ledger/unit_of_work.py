@@ -23,8 +23,8 @@ from shared import faults
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
-from .database import insert_unless_present
-from .models import Base
+from shared.ledger.database import insert_unless_present
+from shared.ledger.tables import Base
 
 TABLES = Base.metadata.tables
 SESSIONS = TABLES["sessions"]

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
-from services.approval_ledger.models import HookDelivery
+from shared.ledger.tables import HookDelivery
 from shared import faults
 from shared.catalogue import resolve_secrets
 from shared.messages import EVENT_TYPES, now

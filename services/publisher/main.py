@@ -10,8 +10,7 @@ import aio_pika
 import httpx
 from sqlalchemy.engine import make_url
 
-from services.approval_ledger.database import create_engine, migrate, sessionmaker
-from services.approval_ledger.main import notify_channel
+from shared.ledger.database import create_engine, migrate, notify_channel, sessionmaker
 from shared.runtime import Unreachable, _address, prepare
 from shared.settings import Settings
 

@@ -15,7 +15,7 @@ import aio_pika
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.approval_ledger.models import OutboxRow
+from shared.ledger.tables import OutboxRow
 from shared import faults
 from shared.messages import now
 

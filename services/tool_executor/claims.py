@@ -15,8 +15,8 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.approval_ledger.database import insert_unless_present
-from services.approval_ledger.models import ExecutionClaim
+from shared.ledger.database import insert_unless_present
+from shared.ledger.tables import ExecutionClaim
 from shared.messages import now
 
 

@@ -9,7 +9,7 @@ from functools import partial
 import httpx
 from pydantic import TypeAdapter
 
-from services.approval_ledger.database import create_engine, migrate
+from shared.ledger.database import create_engine, migrate
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.messages import ExecuteTool

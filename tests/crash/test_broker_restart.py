@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from services.approval_ledger.models import Closure, Session
+from shared.ledger.tables import Closure, Session
 from shared.messages import mint
 from tests.harness import eventually, rows, start_and_wait_for_approval
 

@@ -7,7 +7,7 @@ import hashlib
 import hmac
 import json
 
-from services.approval_ledger.models import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
+from shared.ledger.tables import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
 from shared.messages import StartTurn, mint
 from tests.harness import (
     assert_nothing_left_in_any_queue,

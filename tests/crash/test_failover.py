@@ -4,7 +4,7 @@ container deployment recovers in well under a second: nothing has to start."""
 
 import asyncio
 
-from services.approval_ledger.models import ApprovalRequest, Closure
+from shared.ledger.tables import ApprovalRequest, Closure
 from shared.messages import mint
 from tests.crash.test_crash_windows import finish, wire
 from tests.harness import assert_nothing_left_in_any_queue, eventually, next_event, rows, start_and_wait_for_approval

@@ -6,7 +6,7 @@ import asyncio
 import aio_pika
 from sqlalchemy import func, select, text
 
-from services.approval_ledger.models import Decision, InboxRow, OutboxRow
+from shared.ledger.tables import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
 from tests.harness import SERVICES, eventually, next_event, start_and_wait_for_approval

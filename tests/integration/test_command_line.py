@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from services.approval_ledger.models import Session
+from shared.ledger.tables import Session
 from shared.messages import RespondToApproval, mint
 from shared.settings import PROJECT_ROOT
 from tests.harness import SERVICES, eventually, rows, start_and_wait_for_approval

@@ -3,7 +3,7 @@
 import pytest
 from sqlalchemy import func, select
 
-from services.approval_ledger.models import Closure, Decision, ProviderAttemptRow, Session
+from shared.ledger.tables import Closure, Decision, ProviderAttemptRow, Session
 from shared.catalogue import REDACTED
 from shared.messages import StartTurn, mint
 from tests.harness import next_event

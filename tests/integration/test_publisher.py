@@ -2,8 +2,8 @@
 
 import asyncio
 
-from services.approval_ledger.main import notify_channel
 from services.approval_ledger.unit_of_work import UnitOfWork
+from shared.ledger.database import notify_channel
 from shared.messages import TurnCompleted, mint
 from shared.topology import Topology
 from tests.harness import next_event

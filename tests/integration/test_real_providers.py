@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
-from services.approval_ledger.models import Closure, ProviderAttemptRow, ToolCall
+from shared.ledger.tables import Closure, ProviderAttemptRow, ToolCall
 from services.model_step import anthropic_messages, openai_compatible
 from services.model_step.anthropic_messages import AnthropicProvider
 from services.model_step.handlers import request_model_step
@@ -365,7 +365,7 @@ async def test_a_provider_that_keeps_failing_ends_the_turn_as_failed_with_every_
             failed = await next_event(events, "turn.failed", "turn.completed", timeout=40)
     assert failed.type == "turn.failed" and failed.reason_code == "provider_failed"
     assert "503" in failed.reason_text and KEY not in failed.reason_text
-    from services.approval_ledger.models import ProviderAttemptRow, Session
+    from shared.ledger.tables import ProviderAttemptRow, Session
     from tests.harness import rows
 
     attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)

@@ -3,7 +3,7 @@ call (invariant 3); batches resume once; a person's words reach the model."""
 
 from sqlalchemy import select
 
-from services.approval_ledger.models import Closure, ProviderAttemptRow, Session, TranscriptRow
+from shared.ledger.tables import Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from tests.harness import next_event, rows, start_and_wait_for_approval
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.approval_ledger import domain
-from services.approval_ledger.models import ExecutionClaim
+from shared.ledger.tables import ExecutionClaim
 from services.tool_executor.claims import decide
 from shared.catalogue import REDACTED, ToolCatalogue
 from shared.messages import ProposedToolCall, arguments_digest

@@ -54,7 +54,7 @@ def test_the_migration_head_read_from_file_names_is_alembics_head():
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from services.approval_ledger.database import MIGRATIONS, head_revision
+    from shared.ledger.database import MIGRATIONS, head_revision
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

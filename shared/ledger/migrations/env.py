@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from services.approval_ledger.models import Base
+from shared.ledger.tables import Base
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)

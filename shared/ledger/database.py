@@ -46,6 +46,13 @@ def create_engine(settings: Settings, *, pool_size: int = 10) -> AsyncEngine:
     return engine
 
 
+def notify_channel(settings: Settings) -> str | None:
+    """The PostgreSQL channel the publisher listens on; SQLite has none (it polls)."""
+    if not settings.is_postgres:
+        return None
+    return f"{settings.namespace}_{settings.database_schema or 'public'}_outbox".replace("-", "_").lower()
+
+
 def insert_unless_present(table: Table, key: str, dialect: str) -> Insert:
     """INSERT … ON CONFLICT (key) DO NOTHING, on PostgreSQL and SQLite alike: a row
     already there stays as it is, and rowcount 0 says so."""
