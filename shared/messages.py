@@ -44,6 +44,8 @@ class Model(BaseModel):
 
 
 class Envelope(Model):
+    # Each message narrows it to its own literal (`turn.start`, `approval.requested`, …).
+    type: str
     message_id: Identifier = Field(default_factory=lambda: mint("msg"))
     session_id: Identifier
     causation_id: Identifier | None = None

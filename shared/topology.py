@@ -75,7 +75,7 @@ class Topology:
 
     def route(self, message: Envelope) -> tuple[str, str]:
         """(exchange name, routing key) for a message."""
-        kind = message.type  # type: ignore[attr-defined]
+        kind = message.type
         if kind in COMMAND_TYPES:
             return self.commands.name, kind
         return self.events.name, f"{kind}.{message.session_id}"

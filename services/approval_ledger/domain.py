@@ -1,21 +1,129 @@
-"""The ledger's rules, as pure functions: no I/O, no clock, no randomness.
+"""Every rule of the ledger, as pure functions over typed values: no I/O, no
+clock, no randomness.
 
-Handlers load rows, ask these functions what follows, and write the answer in
-one unit of work.
+A handler loads what it needs (`reads`), asks these functions what follows, and
+records the answer in one unit of work (`records`). Where a rule lives is
+listed in docs/design.md, "Where each rule lives".
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.catalogue import ToolCatalogue, ToolSpec
-from shared.messages import ProposedToolCall, TranscriptEntry
+from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, ToolExecuted, TranscriptEntry
 
 # Closure kinds and the reasons that are not a person's decision (invariant 5).
 CLOSURE_KINDS = ("output", "error", "denied", "expired", "cancelled", "outcome_unknown")
 BUSY_STATUSES = ("running", "waiting")
+
+
+# --- what the ledger knows, as loaded -----------------------------------------
+
+
+@dataclass(frozen=True)
+class ClosureOnRecord:
+    """A call's terminal result, as stored."""
+
+    kind: str
+    output: Any = None
+    reason_code: str | None = None
+    reason_text: str | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """A person's message sent with a decision, said to the model once."""
+
+    responder: str
+    message: str
+
+
+@dataclass
+class Call:
+    """A tool call of a step, with what resuming the step needs: its closure and its decision's note."""
+
+    id: str
+    session_id: str
+    step_id: str
+    turn_id: str
+    provider_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    # awaiting_approval | executing | closed
+    status: str
+    closure: ClosureOnRecord | None = None
+    note: Note | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    session_id: str
+    turn_id: str
+    # requested | completed
+    status: str
+
+
+@dataclass(frozen=True)
+class RequestOnRecord:
+    """An approval request and the call it asks about."""
+
+    id: str
+    session_id: str
+    status: str
+    args_digest: str
+    call_id: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A message that does not fit the state: answered with `message.rejected`, changing nothing else."""
+
+    reason_code: str
+    reason_text: str
+
+
+# --- turns ------------------------------------------------------------------------
+
+
+def refuse_turn(session_status: str) -> Refusal | None:
+    """A new turn starts only on an idle session: one that runs or waits on a person is busy."""
+    if session_status in BUSY_STATUSES:
+        return Refusal("session_busy", f"The session is {session_status}; a new turn can start when it is idle.")
+    return None
+
+
+# --- model steps ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a step report may do: be refused, be counted only (a duplicate), or be applied."""
+
+    verdict: Literal["unknown", "duplicate", "apply"]
+    # Attempts to record, each with the status it is recorded as (invariant 7).
+    attempts: tuple[tuple[ProviderAttempt, str], ...] = ()
+    refusal: Refusal | None = None
+
+
+UNKNOWN_STEP = Refusal("unknown_step", "No such model step in this session.")
+
+
+def judge_step_report(step: Step | None, session_id: str, attempts: Sequence[ProviderAttempt]) -> StepReport:
+    """A report for a step of another session, or none, is refused. A report for a
+    step already completed is a duplicate (a model-step died after reporting): its
+    attempts are kept, counted as discarded, except its abandoned one, which is
+    the delivery whose report is already on record."""
+    if step is None or step.session_id != session_id:
+        return StepReport("unknown", refusal=UNKNOWN_STEP)
+    if step.status != "requested":
+        return StepReport("duplicate", tuple((a, "discarded") for a in attempts if a.status != "abandoned"))
+    return StepReport("apply", tuple((a, a.status) for a in attempts))
 
 
 @dataclass(frozen=True)
@@ -29,7 +137,7 @@ class CallPlan:
     reason_text: str | None = None
 
 
-def plan_calls(calls: list[ProposedToolCall], catalogue: ToolCatalogue) -> list[CallPlan]:
+def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> list[CallPlan]:
     """Decide, per call, whether to ask a person, run it now, or close it with an error.
 
     Invalid calls are closed before anyone is asked: a person should never be
@@ -42,48 +150,124 @@ def plan_calls(calls: list[ProposedToolCall], catalogue: ToolCatalogue) -> list[
             plans.append(CallPlan(call, "close", None, "unknown_tool", f"There is no tool named {call.name!r}."))
             continue
         if spec.implementation is None:
-            plans.append(CallPlan(call, "close", spec, "no_implementation", f"The tool {call.name!r} has no implementation."))
+            plans.append(
+                CallPlan(call, "close", spec, "no_implementation", f"The tool {call.name!r} has no implementation.")
+            )
             continue
         errors = spec.argument_errors(call.arguments)
         if errors:
             plans.append(
-                CallPlan(call, "close", spec, "invalid_arguments", f"Invalid arguments for {call.name!r}: " + "; ".join(errors))
+                CallPlan(
+                    call, "close", spec, "invalid_arguments", f"Invalid arguments for {call.name!r}: " + "; ".join(errors)
+                )
             )
             continue
         plans.append(CallPlan(call, "ask" if spec.approval == "always" else "execute", spec))
     return plans
 
 
-@dataclass(frozen=True)
-class ResponseVerdict:
-    accepted: bool
-    reason_code: str | None = None
-    reason_text: str | None = None
+# --- approvals --------------------------------------------------------------------
+
+UNKNOWN_REQUEST = Refusal("unknown_request", "No approval request with that id exists in this session.")
 
 
-def judge_response(
-    *,
-    request_found: bool,
-    request_session_id: str | None,
-    request_status: str | None,
-    expected_digest: str | None,
-    session_id: str,
-    decision: str,
-    args_digest: str,
-) -> ResponseVerdict:
+def judge_response(request: RequestOnRecord | None, response: RespondToApproval) -> Refusal | None:
     """Whether a response may decide a request: it must name a pending request of
-    its own session, and an approval must carry the digest of the arguments shown."""
-    if not request_found or request_session_id != session_id:
-        return ResponseVerdict(False, "unknown_request", "No approval request with that id exists in this session.")
-    if request_status != "pending":
-        return ResponseVerdict(False, "already_decided", f"The request is already {request_status}.")
-    if decision == "approve" and args_digest != expected_digest:
-        return ResponseVerdict(
-            False,
-            "digest_mismatch",
-            "The approval names different arguments from the ones shown; refusing to run them.",
+    its own session, and an approval must carry the digest of the arguments shown
+    (invariant 6). None: it may."""
+    if request is None or request.session_id != response.session_id:
+        return UNKNOWN_REQUEST
+    if request.status != "pending":
+        return Refusal("already_decided", f"The request is already {request.status}.")
+    if response.decision == "approve" and response.args_digest != request.args_digest:
+        return Refusal(
+            "digest_mismatch", "The approval names different arguments from the ones shown; refusing to run them."
         )
-    return ResponseVerdict(True)
+    return None
+
+
+def request_status_after(decision: str) -> str:
+    return "approved" if decision == "approve" else "denied"
+
+
+def note_of(response: RespondToApproval) -> Note | None:
+    """A decision's message goes to the model; a decision without one says nothing more."""
+    return Note(response.responder, response.message) if response.message else None
+
+
+def closure_of_denial(reason: str) -> ClosureOnRecord:
+    """A denied call closes with the person's reason, if they gave one."""
+    return ClosureOnRecord("denied", reason_code="denied_by_person", reason_text=reason or None)
+
+
+# --- tool results -----------------------------------------------------------------
+
+UNKNOWN_CALL = Refusal("unknown_call", "No such tool call in this session.")
+OUTCOME_UNKNOWN_TEXT = "The executor stopped mid-call; whether the call happened is unknown."
+
+
+def judge_tool_report(call: Call | None, session_id: str) -> Literal["unknown", "stale", "apply"]:
+    """A report for a call of another session, or none, is refused; one for a call
+    not executing (already closed by an earlier report, or never approved) is
+    stale and changes nothing."""
+    if call is None or call.session_id != session_id:
+        return "unknown"
+    if call.status != "executing":
+        return "stale"
+    return "apply"
+
+
+def closure_of_outcome(report: ToolExecuted) -> ClosureOnRecord:
+    """Tool outcome → closure: the output, the tool's error, or outcome-unknown (invariant 4)."""
+    if report.outcome == "output":
+        return ClosureOnRecord("output", output=report.output)
+    if report.outcome == "error":
+        return ClosureOnRecord("error", reason_code="tool_failed", reason_text=report.error)
+    return ClosureOnRecord("outcome_unknown", reason_code="outcome_unknown",
+                           reason_text=report.error or OUTCOME_UNKNOWN_TEXT)
+
+
+def needs_operator(closure: ClosureOnRecord) -> bool:
+    """Only a person can settle a call that may or may not have happened."""
+    return closure.kind == "outcome_unknown"
+
+
+# --- resuming a step and the session's status ----------------------------------
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What follows when a transition leaves a step's calls as they are."""
+
+    # The session's status after the transition, unless a new model step is requested.
+    status: str
+    # Entries to append before the next model step; None: the step is not done yet.
+    entries: list[TranscriptEntry] | None = field(default=None)
+
+
+def resume(calls: Sequence[Call], *, session_waits: bool) -> Resumption:
+    """When the last call of a step closes, every closure is written next to its call,
+    in the order the model made them, then every decision's note, and the next model
+    step is asked for, once (invariant 3). Until then the session waits while any
+    request is pending (invariant 5), and runs otherwise."""
+    if any(call.status != "closed" for call in calls):
+        return Resumption(session_status(waiting=session_waits))
+    entries = []
+    for call in calls:
+        closure = call.closure
+        assert closure is not None, f"closed call {call.id} without a closure"
+        entries.append(closure_entry(call_id=call.id, provider_call_id=call.provider_call_id, tool=call.tool,
+                                     kind=closure.kind, output=closure.output, reason_text=closure.reason_text))
+    entries.extend(decision_note(call.note) for call in calls if call.note is not None)
+    return Resumption("running", entries)
+
+
+def session_status(*, waiting: bool) -> str:
+    """While a turn is open: waiting on a person if any request is pending, else running."""
+    return "waiting" if waiting else "running"
+
+
+# --- what the model reads -------------------------------------------------------
 
 
 def closure_text(kind: str, output: Any, reason_text: str | None) -> str:
@@ -115,14 +299,6 @@ def closure_entry(
     )
 
 
-def decision_note(responder: str, message: str) -> TranscriptEntry:
+def decision_note(note: Note) -> TranscriptEntry:
     """A person's message sent with a decision, for the very next model call."""
-    return TranscriptEntry(role="user", text=f"[{responder}, with their decision] {message}")
-
-
-def session_status(*, pending_requests: int, open_calls: int, turn_running: bool) -> str:
-    if pending_requests:
-        return "waiting"
-    if open_calls or turn_running:
-        return "running"
-    return "idle"
+    return TranscriptEntry(role="user", text=f"[{note.responder}, with their decision] {note.message}")

@@ -13,7 +13,7 @@ from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
-from shared.ledger.database import create_engine, migrate, notify_channel, sessionmaker
+from shared.ledger.database import create_engine, migrate, notify_channel
 from .handlers import Ledger
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.
@@ -31,7 +31,7 @@ async def run(settings: Settings) -> None:
     engine = create_engine(settings, pool_size=POOL_SIZE)
     await migrate(engine, settings)
     ledger = Ledger(
-        sessions=sessionmaker(engine),
+        engine=engine,
         topology=runtime.topology,
         catalogue=load_catalogue(settings.tools_file),
         default_provider=settings.provider,

@@ -6,8 +6,7 @@ SQLAlchemy Core on one AsyncConnection, no ORM. The session row is read once
 `INSERT ... ON CONFLICT DO NOTHING`: no row inserted means a duplicate. The rows
 a transition creates or changes are collected here and written at commit: one
 INSERT per table with all its rows, parents first, then the updates, then the
-outbox rows in emission order. A handler that must read its own writes calls
-`flush(outbox=False)` first.
+outbox rows in emission order. A handler never reads back what it wrote.
 """
 
 from __future__ import annotations
@@ -17,16 +16,15 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, func, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import faults
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
 from shared.ledger.database import insert_unless_present
-from shared.ledger.tables import Base
+from shared.ledger.tables import TABLES
 
-TABLES = Base.metadata.tables
 SESSIONS = TABLES["sessions"]
 INBOX = TABLES["inbox"]
 OUTBOX = TABLES["outbox"]
@@ -74,23 +72,16 @@ class SessionState:
     transcript_base: int = 0
     # Entries appended in this transition, in order (positions transcript_base + 1 ...).
     appended: list[TranscriptEntry] = field(default_factory=list)
-    # (status, event_seq, transcript_len, updated_at) as stored; None while not inserted yet.
+    # (status, event_seq, transcript_len, updated_at) as stored: what commit need not write again.
     stored: tuple | None = None
 
     def written(self) -> tuple:
         return (self.status, self.event_seq, self.transcript_len, self.updated_at)
 
 
-def _engine(sessions_or_engine: async_sessionmaker | AsyncEngine) -> AsyncEngine:
-    if isinstance(sessions_or_engine, AsyncEngine):
-        return sessions_or_engine
-    return sessions_or_engine.kw["bind"]
-
-
 class UnitOfWork:
-    def __init__(self, sessions: async_sessionmaker | AsyncEngine, topology: Topology,
-                 notify_channel: str | None) -> None:
-        self._engine = _engine(sessions)
+    def __init__(self, engine: AsyncEngine, topology: Topology, notify_channel: str | None) -> None:
+        self._engine = engine
         self._topology = topology
         self._notify_channel = notify_channel
         self.db: AsyncConnection
@@ -149,12 +140,12 @@ class UnitOfWork:
 
     async def receive(self, message: Envelope) -> None:
         """Record the message in the inbox, or raise Duplicate if it was applied before."""
-        self._tag = message.type  # type: ignore[attr-defined]
+        self._tag = message.type
         dialect = self.db.dialect.name
         notify = self._notify_channel is not None and dialect == "postgresql"
         row = {
             "message_id": message.message_id,
-            "message_type": message.type,  # type: ignore[attr-defined]
+            "message_type": message.type,
             "session_id": message.session_id,
             "received_at": self.now,
         }
@@ -166,22 +157,13 @@ class UnitOfWork:
         self._notified = notify
 
     def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        """A new row, inserted at the next flush; changes to the dict until then are written with it."""
+        """A new row, inserted at the next flush."""
         self._rows.setdefault(table, []).append(row)
         return row
 
     def update(self, table: Table, key: Any, **values: Any) -> None:
         """Change a stored row (by id) at the next flush."""
         self._updates.setdefault((table, key), {}).update(values)
-
-    def change(self, table: Table, row: dict[str, Any], **values: Any) -> None:
-        """Set values on a row of this transition, new or stored; only what differs is written."""
-        values = {k: v for k, v in values.items() if row.get(k) != v}
-        if not values:
-            return
-        row.update(values)
-        if not any(pending is row for pending in self._rows.get(table, ())):
-            self.update(table, row["id"], **values)
 
     def emit(self, session: SessionState | None, message: Envelope) -> Envelope:
         """Append a message to the outbox; it leaves only after commit, in this order."""
@@ -192,7 +174,7 @@ class UnitOfWork:
         self._outbox.append({
             "message_id": message.message_id,
             "session_id": message.session_id,
-            "message_type": message.type,  # type: ignore[attr-defined]
+            "message_type": message.type,
             "exchange": exchange,
             "routing_key": routing_key,
             "body": message.model_dump_json(),
@@ -201,14 +183,14 @@ class UnitOfWork:
         })
         return message
 
-    async def flush(self, *, outbox: bool = True, final: bool = False) -> None:
-        """Write what was collected so far: one INSERT per table, the updates,
-        then (unless told otherwise) the outbox rows in emission order; `final`: also the session
-        row's changes and the NOTIFY. The writes run in one greenlet (`run_sync`): the same
-        statements, without an asyncio round per statement."""
-        await self.db.run_sync(self._write, outbox, final)
+    async def flush(self, *, final: bool = False) -> None:
+        """Write what was collected so far: one INSERT per table, the updates, then the
+        outbox rows in emission order; `final`: also the session row's changes and the
+        NOTIFY. The writes run in one greenlet (`run_sync`): the same statements,
+        without an asyncio round per statement."""
+        await self.db.run_sync(self._write, final)
 
-    def _write(self, db: Connection, outbox: bool, final: bool) -> None:
+    def _write(self, db: Connection, final: bool) -> None:
         session = self._session
         for table in INSERT_ORDER:
             rows = self._rows.pop(table, None)
@@ -217,7 +199,7 @@ class UnitOfWork:
         for (table, key), values in self._updates.items():
             db.execute(_UPDATE_BY_ID[table], {"id_": key, **values})
         self._updates.clear()
-        if outbox and self._outbox:
+        if self._outbox:
             db.execute(_INSERT[OUTBOX], self._outbox)
             self._outbox = []
         if not final:

@@ -213,3 +213,6 @@ class HookDelivery(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime]
+
+
+TABLES = Base.metadata.tables

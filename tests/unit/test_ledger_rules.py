@@ -8,7 +8,7 @@ from services.approval_ledger import domain
 from shared.ledger.tables import ExecutionClaim
 from services.tool_executor.claims import decide
 from shared.catalogue import REDACTED, ToolCatalogue
-from shared.messages import ProposedToolCall, arguments_digest
+from shared.messages import ProposedToolCall, RespondToApproval, arguments_digest
 
 CATALOGUE = ToolCatalogue.model_validate({"tools": [
     {"name": "send", "label": "Send money", "approval": "always", "effect": "outward", "target": "account {to}",
@@ -47,10 +47,10 @@ def test_unknown_tools_missing_implementations_and_invalid_arguments_are_closed_
 ])
 def test_a_response_decides_only_a_pending_request_of_its_session_with_the_shown_arguments(
         found, session, status, digest, decision, verdict):
-    result = domain.judge_response(request_found=found, request_session_id=session, request_status=status,
-                                   expected_digest="d1", session_id="s1", decision=decision, args_digest=digest)
-    assert result.reason_code == verdict
-    assert result.accepted is (verdict is None)
+    request = domain.RequestOnRecord("apr_1", session, status, "d1", "call_1") if found else None
+    response = RespondToApproval(session_id="s1", request_id="apr_1", decision=decision, args_digest=digest or "")
+    refused = domain.judge_response(request, response)
+    assert (refused.reason_code if refused else None) == verdict
 
 
 def test_the_card_redacts_credentials_and_names_the_target():
@@ -110,6 +110,5 @@ def test_a_dead_holders_outward_call_is_lost_but_a_read_or_idempotent_call_is_re
 
 
 def test_session_status_is_waiting_while_any_request_is_open():
-    assert domain.session_status(pending_requests=1, open_calls=3, turn_running=True) == "waiting"
-    assert domain.session_status(pending_requests=0, open_calls=1, turn_running=True) == "running"
-    assert domain.session_status(pending_requests=0, open_calls=0, turn_running=False) == "idle"
+    assert domain.session_status(waiting=True) == "waiting"
+    assert domain.session_status(waiting=False) == "running"

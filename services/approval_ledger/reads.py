@@ -1,0 +1,158 @@
+"""What the ledger's handlers read, each in one query built once, as typed values.
+
+A transition reads what it needs on its unit of work's connection, after the
+session row is locked: a step; a call with every call of its step; or a request
+with its call and every call of its step. What a transition itself writes is
+never read back; the transcript is read only when a model step is requested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Row, bindparam, select
+
+from shared.ledger.tables import TABLES
+from shared.messages import TranscriptEntry
+
+from .domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
+from .unit_of_work import SessionState, UnitOfWork
+
+STEPS = TABLES["steps"]
+TRANSCRIPT = TABLES["transcript"]
+TOOL_CALLS = TABLES["tool_calls"]
+APPROVAL_REQUESTS = TABLES["approval_requests"]
+DECISIONS = TABLES["decisions"]
+CLOSURES = TABLES["closures"]
+
+_pending = APPROVAL_REQUESTS.alias("pending")
+
+
+def _session_waits(*, besides=None):
+    """Whether the session has a pending approval request (other than `besides`), as a column."""
+    condition = [_pending.c.session_id == bindparam("session_id"), _pending.c.status == "pending"]
+    if besides is not None:
+        condition.append(_pending.c.id != besides)
+    return select(_pending.c.id).where(*condition).exists().label("waiting")
+
+
+_TRANSCRIPT = (
+    select(TRANSCRIPT.c.entry)
+    .where(TRANSCRIPT.c.session_id == bindparam("session_id"), TRANSCRIPT.c.position <= bindparam("upto"))
+    .order_by(TRANSCRIPT.c.position)
+)
+_STEP = select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status, _session_waits()).where(
+    STEPS.c.id == bindparam("step_id")
+)
+_PENDING = (
+    select(APPROVAL_REQUESTS.c.id)
+    .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
+    .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
+)
+# Every call of a step, in the model's order, with what resuming the step needs:
+# its closure, its decision's note, the step's turn, and whether the session waits.
+_target = TOOL_CALLS.alias("target")
+_SIBLINGS = (
+    TOOL_CALLS.join(STEPS, STEPS.c.id == TOOL_CALLS.c.step_id)
+    .outerjoin(CLOSURES, CLOSURES.c.call_id == TOOL_CALLS.c.id)
+    .outerjoin(APPROVAL_REQUESTS, APPROVAL_REQUESTS.c.call_id == TOOL_CALLS.c.id)
+    .outerjoin(DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id)
+)
+_CALL_COLUMNS = (
+    TOOL_CALLS.c.id, TOOL_CALLS.c.session_id, TOOL_CALLS.c.step_id, TOOL_CALLS.c.provider_call_id, TOOL_CALLS.c.tool,
+    TOOL_CALLS.c.arguments, TOOL_CALLS.c.idempotency_key, TOOL_CALLS.c.status, STEPS.c.turn_id,
+    CLOSURES.c.kind, CLOSURES.c.output, CLOSURES.c.reason_code, CLOSURES.c.reason_text,
+    DECISIONS.c.responder, DECISIONS.c.message,
+)
+# A tool call and the other calls of its step.
+_CALL_AND_SIBLINGS = (
+    select(*_CALL_COLUMNS, _session_waits())
+    .select_from(_target.join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id))
+    .where(_target.c.id == bindparam("call_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
+# An approval request, its call and the other calls of its step; whether the session
+# waits on a request other than this one (which this response decides).
+_request = APPROVAL_REQUESTS.alias("request")
+_REQUEST_AND_CALLS = (
+    select(
+        _request.c.id.label("request_id"), _request.c.session_id.label("request_session_id"),
+        _request.c.status.label("request_status"), _request.c.args_digest.label("request_args_digest"),
+        _request.c.call_id.label("request_call_id"),
+        *_CALL_COLUMNS, _session_waits(besides=_request.c.id),
+    )
+    .select_from(
+        _request.join(_target, _target.c.id == _request.c.call_id)
+        .join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id)
+    )
+    .where(_request.c.id == bindparam("request_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
+
+
+@dataclass(frozen=True)
+class StepRead:
+    step: Step | None
+    # Whether the session has a pending request (before this transition).
+    session_waits: bool
+
+
+@dataclass(frozen=True)
+class StepCalls:
+    """A step's calls in the model's order, one of them the transition's own."""
+
+    calls: list[Call]
+    # Whether the session waits on a request other than the one this transition decides.
+    session_waits: bool
+
+    def find(self, call_id: str) -> Call | None:
+        return next((c for c in self.calls if c.id == call_id), None)
+
+
+async def step(uow: UnitOfWork, step_id: str, session_id: str) -> StepRead:
+    row = (await uow.db.execute(_STEP, {"step_id": step_id, "session_id": session_id})).first()
+    if row is None:
+        return StepRead(None, False)
+    return StepRead(Step(row.id, row.session_id, row.turn_id, row.status), bool(row.waiting))
+
+
+async def call_and_siblings(uow: UnitOfWork, call_id: str, session_id: str) -> StepCalls:
+    rows = (await uow.db.execute(_CALL_AND_SIBLINGS, {"call_id": call_id, "session_id": session_id})).all()
+    return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
+
+
+async def request_and_calls(uow: UnitOfWork, request_id: str,
+                            session_id: str) -> tuple[RequestOnRecord | None, StepCalls]:
+    rows = (await uow.db.execute(_REQUEST_AND_CALLS, {"request_id": request_id, "session_id": session_id})).all()
+    if not rows:
+        return None, StepCalls([], False)
+    first = rows[0]
+    request = RequestOnRecord(first.request_id, first.request_session_id, first.request_status,
+                              first.request_args_digest, first.request_call_id)
+    return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
+
+
+async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
+    """The session's pending requests as stored before this transition, oldest first."""
+    return list(await uow.db.scalars(_PENDING, {"session_id": session_id}))
+
+
+async def transcript(uow: UnitOfWork, session: SessionState) -> list[TranscriptEntry]:
+    """The whole transcript: the rows stored before this transition, then the entries it appended."""
+    entries = []
+    if session.transcript_base:
+        rows = await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base})
+        entries = [TranscriptEntry.model_validate(r) for r in rows]
+    return entries + session.appended
+
+
+def _call(row: Row) -> Call:
+    closure = None
+    if row.kind is not None:
+        closure = ClosureOnRecord(row.kind, (row.output or {}).get("value"), row.reason_code, row.reason_text)
+    return Call(
+        id=row.id, session_id=row.session_id, step_id=row.step_id, turn_id=row.turn_id,
+        provider_call_id=row.provider_call_id, tool=row.tool, arguments=row.arguments,
+        idempotency_key=row.idempotency_key, status=row.status, closure=closure,
+        note=Note(row.responder, row.message) if row.message else None,
+    )
