@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test unit integration crash chaos bench revert-checks install compose-check clean
+.PHONY: run test unit integration crash chaos bench revert-checks install compose-check clean mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,30 @@ bench: $(STAMP)
 
 compose-check: $(STAMP)
 	$(BIN)/python -c "import yaml,sys; d=yaml.safe_load(open('docker-compose.yml')); print('docker-compose.yml parses:', ', '.join(sorted(d['services'])))"
+
+# Mutation testing of the pure rules with tests/unit alone; not part of `make test`.
+# mutmut mutates a copy in mutants/ (the working tree is never touched), then this
+# prints one score per unit: killed (or timed out) / mutants made. A unit is a prefix
+# of mutmut's mutant names (claims.py: `decide` alone; its Claims class needs a database).
+# To add a module: list its file under [tool.mutmut] only_mutate in pyproject.toml and
+# its prefix here, e.g., once its restructuring has landed, services.approval_ledger.domain.
+MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ shared.catalogue. \
+	services.model_step.tool_call_ids. services.model_step.transcript_guard.
+
+mutation: $(STAMP)
+	rm -rf mutants && mkdir mutants
+	$(BIN)/mutmut run --max-children $(WORKERS) $(foreach unit,$(MUTATION_UNITS),'$(unit)*') >mutants/run.log 2>&1 \
+		|| { tail -n 40 mutants/run.log; exit 1; }
+	@$(BIN)/mutmut results --all true | awk -v units="$(MUTATION_UNITS)" ' \
+		BEGIN { n = split(units, unit, " ") } \
+		{ name = $$1; sub(/:$$/, "", name); status = $$0; sub(/^[^:]*: /, "", status); \
+		  for (i = 1; i <= n; i++) if (index(name, unit[i]) == 1) { \
+		    total[i]++; if (status == "killed" || status == "timeout") killed[i]++; \
+		    else left[i] = left[i] "    " status ": " name "\n" } } \
+		END { for (i = 1; i <= n; i++) { \
+		    printf "%-45s %4d/%-4d %5.1f %%\n", unit[i] "*", killed[i], total[i], total[i] ? 100 * killed[i] / total[i] : 0; \
+		    printf "%s", left[i] } }'
+	@echo "survivors: $(BIN)/mutmut show NAME (run from this directory); log: mutants/run.log"
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

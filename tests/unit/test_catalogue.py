@@ -1,0 +1,186 @@
+"""The tool catalogue: safe defaults, argument checks, and a card that shows what a
+call does without showing its credentials (invariant 6)."""
+
+import copy
+
+import pytest
+from pydantic import ValidationError
+
+from shared.catalogue import REDACTED, ToolCatalogue, ToolSpec, redact, resolve_secrets
+
+
+def tool(**declared):
+    return ToolSpec.model_validate({"name": "post", "label": "Post a message", **declared})
+
+
+def http(url, method="POST", **declared):
+    return tool(implementation={"kind": "http", "method": method, "url": url}, **declared)
+
+
+# --- policy defaults -----------------------------------------------------------
+
+
+def test_a_tool_that_declares_no_approval_still_needs_one():
+    assert tool().approval == "always"
+
+
+def test_a_tool_that_declares_no_effect_is_treated_as_outward():
+    bare = tool()
+    assert bare.effect == "outward"
+    assert bare.card({}).effect == "outward"
+
+
+@pytest.mark.parametrize("declared", [{"approval": "sometimes"}, {"effect": "write"}, {"aproval": "never"}])
+def test_a_misspelled_policy_is_refused_rather_than_read_as_something_else(declared):
+    with pytest.raises(ValidationError):
+        tool(**declared)
+
+
+# --- argument checks -------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    # Declared out of path order on purpose.
+    "properties": {
+        "to": {"type": "string"},
+        "items": {"type": "array", "items": {"type": "integer"}},
+        "amount": {"type": "object", "properties": {"value": {"type": "number"}}},
+    },
+    "required": ["to"],
+}
+
+
+def test_arguments_that_fit_the_schema_have_no_errors():
+    assert tool(parameters=SCHEMA).argument_errors({"to": "acme", "items": [1, 2], "amount": {"value": 5}}) == []
+
+
+def test_each_argument_error_names_the_path_of_the_bad_value_and_they_come_in_path_order():
+    errors = tool(parameters=SCHEMA).argument_errors({"to": 7, "items": [1, "two"], "amount": {"value": "five"}})
+    assert [e.split(": ", 1)[0] for e in errors] == ["amount/value", "items/1", "to"]
+    assert "'five'" in errors[0] and "'two'" in errors[1] and "7" in errors[2]
+
+
+def test_an_error_about_the_arguments_as_a_whole_says_so():
+    [error] = tool(parameters=SCHEMA).argument_errors({})
+    assert error.startswith("(arguments): ") and "'to'" in error
+
+
+# --- redaction -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [
+    "password", "Password", "db_pass", "passwd", "client_secret", "token", "ACCESS_TOKEN", "api_key", "api-key",
+    "apikey", "Authorization", "authorisation", "credentials", "Cookie", "private_key", "privateKey",
+])
+def test_every_kind_of_credential_name_is_redacted_whatever_its_case(name):
+    assert redact({name: "s3cret", "to": "acme"}) == {name: REDACTED, "to": "acme"}
+
+
+def test_secrets_inside_lists_are_redacted_on_the_card_and_everything_else_is_shown():
+    arguments = {
+        "to": "acme",
+        "accounts": [{"name": "a", "password": "p1"}, {"name": "b", "auth": {"token": "t"}}],
+        "tags": ["x", 2, None],
+        "matrix": [[{"api_key": "k"}]],
+    }
+    assert tool().card(arguments).arguments == {
+        "to": "acme",
+        "accounts": [{"name": "a", "password": REDACTED}, {"name": "b", "auth": {"token": REDACTED}}],
+        "tags": ["x", 2, None],
+        "matrix": [[{"api_key": REDACTED}]],
+    }
+
+
+def test_a_credential_named_key_is_redacted_whole_whatever_it_holds():
+    assert redact({"tokens": ["a", "b"], "secret": {"nested": 1}}) == {"tokens": REDACTED, "secret": REDACTED}
+
+
+def test_the_card_redacts_a_copy_and_leaves_the_arguments_the_digest_binds_untouched():
+    arguments = {"to": "acme", "auth": [{"password": "p"}]}
+    before = copy.deepcopy(arguments)
+    tool(target="account {to}").card(arguments)
+    assert arguments == before
+
+
+# --- the card --------------------------------------------------------------------
+
+
+def test_the_card_shows_the_tools_name_label_description_and_declared_effect():
+    card = tool(description="Posts to the channel.", effect="idempotent", target="channel {to}").card({"to": "ops"})
+    assert (card.tool, card.label, card.description, card.effect, card.target) == (
+        "post", "Post a message", "Posts to the channel.", "idempotent", "channel ops")
+
+
+def test_a_target_template_is_filled_with_the_redacted_arguments():
+    card = tool(target="account {Account} as {user} with {api_key}").card(
+        {"Account": "acme", "user": "ann", "api_key": "k"})
+    assert card.target == f"account acme as ann with {REDACTED}"
+
+
+def test_a_placeholder_with_no_such_argument_stays_as_written():
+    assert tool(target="account {to} at {Bank}").card({"to": "acme"}).target == "account acme at {Bank}"
+
+
+def test_an_http_target_is_the_method_scheme_host_and_path_without_query_or_user_info():
+    look = http("https://user:pw@api.example.com/v1/look/{what}?key=abc#frag", method="get")
+    assert look.card({"what": "weather"}).target == "GET https://api.example.com/v1/look/weather"
+
+
+def test_an_http_target_shows_a_port_only_when_the_url_names_one():
+    assert http("http://api.example.com:8443/x").card({}).target == "POST http://api.example.com:8443/x"
+    assert http("http://api.example.com/x").card({}).target == "POST http://api.example.com/x"
+
+
+def test_an_http_target_shows_the_host_the_environment_names(monkeypatch):
+    monkeypatch.setenv("SIGNOFF_TEST_API_BASE", "https://internal.example.com:9000")
+    assert http("${env:SIGNOFF_TEST_API_BASE}/v1/send").card({}).target == "POST https://internal.example.com:9000/v1/send"
+
+
+def test_a_secret_named_argument_in_an_http_url_is_redacted_in_the_target():
+    assert http("https://api.example.com/{token}/send").card({"token": "t0k"}).target == (
+        f"POST https://api.example.com/{REDACTED}/send")
+
+
+@pytest.mark.xfail(strict=True, reason="bug: target_of resolves ${env:...} secrets into the URL path it shows")
+def test_a_credential_from_the_environment_never_appears_in_an_http_target(monkeypatch):
+    monkeypatch.setenv("SIGNOFF_TEST_BOT_TOKEN", "123:s3cret")
+    target = http("https://api.telegram.org/bot${env:SIGNOFF_TEST_BOT_TOKEN}/sendMessage").card({}).target
+    assert "s3cret" not in target
+
+
+def test_a_python_tools_target_names_its_function():
+    assert tool(implementation={"kind": "python", "function": "tools.chat:post"}).card({}).target == (
+        "python tools.chat:post")
+
+
+def test_a_tool_with_neither_target_nor_implementation_says_so_on_its_card():
+    assert tool().card({"to": "acme"}).target == "(no implementation)"
+
+
+# --- secrets from the environment ---------------------------------------------------
+
+
+def test_a_secret_reference_is_replaced_by_the_environments_value_and_an_unset_one_by_nothing(monkeypatch):
+    monkeypatch.setenv("SIGNOFF_TEST_KEY", "k1")
+    monkeypatch.delenv("SIGNOFF_TEST_UNSET", raising=False)
+    assert resolve_secrets("Bearer ${env:SIGNOFF_TEST_KEY}") == "Bearer k1"
+    assert resolve_secrets("a${env:SIGNOFF_TEST_UNSET}b") == "ab"
+    assert resolve_secrets("no ${reference} here") == "no ${reference} here"
+
+
+# --- what the model is offered -----------------------------------------------------------
+
+
+def test_the_model_is_offered_each_tools_name_description_and_parameters_with_the_label_when_there_is_no_description():
+    catalogue = ToolCatalogue.model_validate({"tools": [
+        {"name": "send", "label": "Send money", "description": "Sends money.", "parameters": SCHEMA},
+        {"name": "look", "label": "Look around"},
+    ]})
+    assert [(d.name, d.description, d.parameters) for d in catalogue.descriptions()] == [
+        ("send", "Sends money.", SCHEMA), ("look", "Look around", {"type": "object"})]
+
+
+def test_a_tool_is_found_by_its_name_and_an_unknown_name_finds_nothing():
+    catalogue = ToolCatalogue.model_validate({"tools": [{"name": "send", "label": "Send"}]})
+    assert catalogue.get("send").label == "Send"
+    assert catalogue.get("nope") is None

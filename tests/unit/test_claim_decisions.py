@@ -1,0 +1,67 @@
+"""What a (re)delivered call may do, given its claim row (invariant 4: execute once).
+
+`decide` is the pure part of the executor's claims. What `Claims.take`, `renew`
+and `finish` write to the row needs a database and is not stated here.
+"""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.tool_executor.claims import decide
+from shared.ledger.tables import ExecutionClaim
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+EFFECTS = ("read", "idempotent", "outward")
+
+
+def claim(*, status="claimed", lease_expires_at, attempts=1, outcome=None, result=None):
+    return ExecutionClaim(call_id="call_1", idempotency_key="idem_1", status=status, holder="executor_a",
+                          lease_expires_at=lease_expires_at, attempts=attempts, outcome=outcome, result=result,
+                          claimed_at=NOW - LEASE)
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_a_call_nobody_has_claimed_runs_as_its_first_attempt(effect):
+    verdict = decide(None, effect=effect, at=NOW)
+    assert (verdict.action, verdict.attempt) == ("run", 1)
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+@pytest.mark.parametrize("lease_expires_at", [NOW + LEASE, NOW - LEASE], ids=["lease live", "lease over"])
+def test_a_finished_call_reports_its_recorded_outcome_and_result_and_never_runs_again(effect, lease_expires_at):
+    finished = claim(status="finished", lease_expires_at=lease_expires_at, outcome="output", result={"body": 1})
+    verdict = decide(finished, effect=effect, at=NOW)
+    assert (verdict.action, verdict.outcome, verdict.result) == ("report", "output", {"body": 1})
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_a_claim_whose_lease_lies_in_the_future_is_waited_for_until_the_lease_ends(effect):
+    verdict = decide(claim(lease_expires_at=NOW + LEASE), effect=effect, at=NOW)
+    assert (verdict.action, verdict.wait_until) == ("wait", NOW + LEASE)
+
+
+def test_a_renewed_lease_keeps_the_holder_in_charge_where_the_old_lease_would_have_let_go():
+    old_lease = NOW - timedelta(seconds=1)
+    assert decide(claim(lease_expires_at=old_lease), effect="outward", at=NOW).action == "lost"
+    renewed = decide(claim(lease_expires_at=NOW + LEASE), effect="outward", at=NOW)
+    assert (renewed.action, renewed.wait_until) == ("wait", NOW + LEASE)
+
+
+@pytest.mark.parametrize("effect,action", [("outward", "lost"), ("read", "run"), ("idempotent", "run")])
+def test_a_lease_that_ends_at_this_very_instant_has_expired(effect, action):
+    assert decide(claim(lease_expires_at=NOW), effect=effect, at=NOW).action == action
+
+
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_an_outward_call_whose_holder_died_is_lost_and_never_run_again(attempts):
+    verdict = decide(claim(lease_expires_at=NOW - LEASE, attempts=attempts), effect="outward", at=NOW)
+    assert verdict.action == "lost"
+
+
+@pytest.mark.parametrize("effect", ["read", "idempotent"])
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_a_read_or_idempotent_call_whose_holder_died_runs_again_as_the_next_attempt(effect, attempts):
+    verdict = decide(claim(lease_expires_at=NOW - LEASE, attempts=attempts), effect=effect, at=NOW)
+    assert (verdict.action, verdict.attempt) == ("run", attempts + 1)
