@@ -10,7 +10,7 @@ from shared import faults
 from shared.consuming import previous_deliveries
 from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep
 
-from .providers import Provider, ProviderError
+from .replies import Provider, ProviderError
 from .tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
 from .transcript_guard import heal
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 from pydantic import SecretStr
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
-from .providers import ProviderError, ProviderReply
-from .transport import post_json, timeout
+from .replies import ProviderError, ProviderReply
+from .transport import HttpProvider
 
 
 def to_messages(transcript: list[TranscriptEntry]) -> list[dict[str, Any]]:
@@ -97,30 +96,19 @@ def parse_reply(answer: dict[str, Any], provider: str = "openai") -> ProviderRep
                             retryable=True, usage=usage) from None
 
 
-class OpenAICompatibleProvider:
+class OpenAICompatibleProvider(HttpProvider):
+    path = "/chat/completions"
+
     def __init__(self, *, base_url: str, model: str, api_key: SecretStr | None = None,
                  timeout_seconds: float = 120.0, max_tokens: int | None = None, name: str = "openai") -> None:
-        self.name = name
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self._api_key = api_key
+        super().__init__(base_url=base_url, model=model, api_key=api_key, timeout_seconds=timeout_seconds, name=name)
         self.max_tokens = max_tokens
-        self._client = httpx.AsyncClient(timeout=timeout(timeout_seconds))
 
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleProvider(name={self.name!r}, url={self.url!r}, model={self.model!r})"
+    def headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
-    async def complete(
-        self, session_id: str, transcript: list[TranscriptEntry], tools: list[ToolDescription]
-    ) -> ProviderReply:
-        key = self._api_key.get_secret_value() if self._api_key else ""
-        answer = await post_json(
-            self._client, self.url, provider=self.name,
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            body=request_body(self.model, transcript, tools, self.max_tokens),
-            secrets=(key,),
-        )
+    def body(self, transcript: list[TranscriptEntry], tools: list[ToolDescription]) -> dict[str, Any]:
+        return request_body(self.model, transcript, tools, self.max_tokens)
+
+    def parse(self, answer: dict[str, Any]) -> ProviderReply:
         return parse_reply(answer, self.name)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()

@@ -8,43 +8,16 @@ The OpenAI-compatible and Anthropic providers live in their own modules.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
+from .replies import Provider, ProviderReply
 from .settings import ModelStepSettings
-
-
-@dataclass
-class ProviderReply:
-    text: str
-    tool_calls: list[ProposedToolCall] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-
-
-class ProviderError(Exception):
-    """One failed provider attempt. `usage` is what the provider billed for it
-    (zero when it never answered); `retry_after` is the provider's own hint."""
-
-    def __init__(self, message: str, *, retryable: bool, usage: Usage | None = None,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.usage = usage or Usage()
-        self.retry_after = retry_after
-
-
-class Provider(Protocol):
-    name: str
-
-    async def complete(
-        self, session_id: str, transcript: list[TranscriptEntry], tools: list[ToolDescription]
-    ) -> ProviderReply: ...
 
 
 class ScriptedCall(BaseModel):

@@ -11,8 +11,11 @@ import json
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
-from .providers import ProviderError
+from shared.messages import ToolDescription, TranscriptEntry
+
+from .replies import ProviderError, ProviderReply
 
 # 408 and 409 are transient by OpenAI's own advice; 429 is rate limiting, 5xx
 # (including Anthropic's 529 "overloaded") is the provider's trouble, not ours.
@@ -82,3 +85,42 @@ async def post_json(
     if not isinstance(answer, dict):
         raise ProviderError(f"{provider}: HTTP {status} with a JSON body that is not an object", retryable=True)
     return answer
+
+
+class HttpProvider:
+    """A provider behind one HTTP endpoint: one connection pool, no session state.
+    Each kind says where it posts, how it authenticates, and how it maps a step to
+    and from its wire format."""
+
+    path = ""
+
+    def __init__(self, *, base_url: str, model: str, api_key: SecretStr | None, timeout_seconds: float,
+                 name: str) -> None:
+        self.name = name
+        self.url = base_url.rstrip("/") + self.path
+        self.model = model
+        self._api_key = api_key
+        self._client = httpx.AsyncClient(timeout=timeout(timeout_seconds))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, url={self.url!r}, model={self.model!r})"
+
+    def headers(self, key: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def body(self, transcript: list[TranscriptEntry], tools: list[ToolDescription]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parse(self, answer: dict[str, Any]) -> ProviderReply:
+        raise NotImplementedError
+
+    async def complete(
+        self, session_id: str, transcript: list[TranscriptEntry], tools: list[ToolDescription]
+    ) -> ProviderReply:
+        key = self._api_key.get_secret_value() if self._api_key else ""
+        answer = await post_json(self._client, self.url, provider=self.name, headers=self.headers(key),
+                                 body=self.body(transcript, tools), secrets=(key,))
+        return self.parse(answer)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

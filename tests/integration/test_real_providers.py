@@ -19,7 +19,8 @@ from services.model_step import anthropic_messages, openai_compatible
 from services.model_step.anthropic_messages import AnthropicProvider
 from services.model_step.handlers import request_model_step
 from services.model_step.openai_compatible import OpenAICompatibleProvider
-from services.model_step.providers import ProviderError, ScriptedProvider, build_provider, build_providers
+from services.model_step.providers import ScriptedProvider, build_provider, build_providers
+from services.model_step.replies import ProviderError
 from services.model_step.settings import ModelStepSettings
 from shared.consuming import previous_deliveries
 from shared.messages import (
