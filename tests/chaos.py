@@ -1,14 +1,21 @@
 """`make chaos`: many concurrent sessions while a random service is SIGKILLed at
 a random moment, over and over; then a Jepsen-style check of what happened.
 
-    python -m tests.chaos [--seconds 180] [--sessions 16] [--seed N]
+    python -m tests.chaos [--seconds 180] [--sessions 16] [--seed N] [--store both|postgres|sqlite]
 
-Checks, after the killing stops and the system settles:
+The run is made on each store: `--store both` (the default) runs it on SQLite,
+then on PostgreSQL, each for `--seconds`, with the same seed; the exit status is
+non-zero if either run has a violation. `--store sqlite` or `--store postgres`
+runs one. (tests/crash/test_chaos.py makes a short run on each.)
+
+Checks, after the killing stops and the system settles (tests/invariants.py's
+end-of-run check, given the events the driver saw and the sink's requests):
 - every approval request shown is answerable (pending) or closed with a reason;
 - no request id changed: each tool call was shown under exactly one request id;
 - no tool ran twice: each outward call's idempotency key reached the sink once;
 - no message was lost: every queue drained, nothing dead-lettered, outbox sent;
-- every session is `waiting` or `idle`, never stuck `running`.
+- every session is `waiting` or `idle`, never stuck `running`; no call closed
+  without a closure; every session loop finished its turn.
 Prints the counts and exits non-zero on any violation.
 """
 
@@ -25,11 +32,13 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from shared.ledger.tables import ApprovalRequest, Closure, OutboxRow, Session, ToolCall
+from shared.ledger.tables import OutboxRow, Session
 from shared.messages import EVENT, StartTurn, mint
-from shared.topology import Topology
 from tests.harness import SERVICES, Deployment, require_services
+from tests.invariants import check_run
 from tests.sink import Sink
+
+STORES = ("sqlite", "postgres")
 
 
 class Observed:
@@ -100,49 +109,27 @@ async def settle(deployment: Deployment, timeout: float) -> None:
             await asyncio.sleep(0.2)
 
 
-async def check(deployment: Deployment, observed: Observed, sink: Sink, console) -> list[str]:
-    violations = []
-    async with deployment.ledger() as sessions, sessions() as db:
-        requests = {r.id: r for r in await db.scalars(select(ApprovalRequest))}
-        closures = {c.call_id: c for c in await db.scalars(select(Closure))}
-        calls = {c.id: c for c in await db.scalars(select(ToolCall))}
-        statuses = Counter(s for s in await db.scalars(select(Session.status)))
-        unsent = await db.scalar(select(func.count()).select_from(OutboxRow).where(OutboxRow.sent_at.is_(None)))
-    for request_id in observed.shown:
-        request = requests.get(request_id)
-        if request is None:
-            violations.append(f"request {request_id} was shown but is not in the ledger")
-        elif request.status != "pending" and request.call_id not in closures:
-            violations.append(f"request {request_id} is {request.status} but its call has no closure")
-    for call_id, ids in observed.requests_by_call.items():
-        if len(ids) != 1:
-            violations.append(f"call {call_id} was shown under {len(ids)} request ids: {sorted(ids)}")
-    keys = Counter(r["headers"].get("Idempotency-Key") for r in sink.requests)
-    violations += [f"an outward call ran {n} times (key {key})" for key, n in keys.items() if n > 1]
-    for call in calls.values():
-        if call.status == "closed" and call.id not in closures:
-            violations.append(f"call {call.id} is closed without a closure")
-    if statuses.get("running"):
-        violations.append(f"{statuses['running']} session(s) still running after settling")
-    if unsent:
-        violations.append(f"{unsent} outbox row(s) never sent")
-    for name in Topology(deployment.namespace).all_queue_names():
-        queue = await console.channel.declare_queue(name, passive=True)
-        if queue.declaration_result.message_count:
-            violations.append(f"queue {name} still holds {queue.declaration_result.message_count} message(s)")
-    unknown = sum(1 for c in closures.values() if c.kind == "outcome_unknown")
+async def check(observed: Observed, sink: Sink, console, unfinished: int) -> list[str]:
+    verdict = await check_run(console, shown=observed.requests_by_call, sink_requests=sink.requests,
+                              seen=[f"{unfinished} session(s) never finished their turn"] if unfinished else [])
+    figures = verdict.figures
     print(f"chaos: {len(observed.shown)} requests shown, {observed.completed_turns} turns completed, "
-          f"{len(sink.requests)} outward calls, {unknown} closed outcome-unknown (surfaced), sessions {dict(statuses)}")
+          f"{len(sink.requests)} outward calls, {figures['closures_by_kind'].get('outcome_unknown', 0)} closed "
+          f"outcome-unknown (surfaced), sessions {figures['sessions_by_status']}")
     print(f"chaos: events {dict(observed.event_counts)}")
-    return violations
+    return verdict.violations
 
 
-async def run(seconds: float, sessions: int, seed: int, data_dir: Path) -> int:
-    require_services()
+async def run(seconds: float, sessions: int, seed: int, data_dir: Path, store: str = "postgres") -> int:
+    """One run on one store ("sqlite" or "postgres"): 0 if nothing was violated, else 1."""
+    if store not in STORES:
+        raise ValueError(f"store is one of {STORES}, not {store!r}")
+    require_services(postgres=store == "postgres")
+    print(f"chaos: {store} ledger")
     rng = random.Random(seed)
     kills: Counter[str] = Counter()
     with Sink() as sink:
-        deployment = Deployment(store="postgres", data_dir=data_dir)
+        deployment = Deployment(store=store, data_dir=data_dir)
         deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="chaos")
         try:
             deployment.start()
@@ -168,27 +155,35 @@ async def run(seconds: float, sessions: int, seed: int, data_dir: Path) -> int:
                     print(f"chaos: {len(pending)} session loop(s) did not finish", file=sys.stderr)
                 await settle(deployment, 60)
                 listener.cancel()
-                violations = await check(deployment, observed, sink, console)
-                if pending:
-                    violations.append(f"{len(pending)} session(s) never finished their turn")
+                violations = await check(observed, sink, console, len(pending))
             print(f"chaos: kills {dict(kills)}")
         finally:
             await deployment.cleanup()
     for violation in violations:
         print(f"VIOLATION: {violation}")
-    print("chaos: OK" if not violations else f"chaos: {len(violations)} violation(s)")
+    print(f"chaos: {store}: OK" if not violations else f"chaos: {store}: {len(violations)} violation(s)")
     return 1 if violations else 0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=180)
+    parser.add_argument("--seconds", type=float, default=180, help="seconds of killing per store (default 180)")
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--store", choices=("both", *STORES), default="both",
+                        help="the ledger's store: both (default: SQLite, then PostgreSQL), sqlite or postgres")
     args = parser.parse_args()
-    print(f"chaos: {args.seconds:.0f}s, {args.sessions} concurrent sessions, seed {args.seed}")
-    with tempfile.TemporaryDirectory(prefix="signoff-chaos-") as data_dir:
-        sys.exit(asyncio.run(run(args.seconds, args.sessions, args.seed, Path(data_dir))))
+    stores = STORES if args.store == "both" else (args.store,)
+    print(f"chaos: {args.seconds:.0f}s per store ({', '.join(stores)}), {args.sessions} concurrent sessions, "
+          f"seed {args.seed}")
+    failed = []
+    for store in stores:
+        with tempfile.TemporaryDirectory(prefix=f"signoff-chaos-{store}-") as data_dir:
+            if asyncio.run(run(args.seconds, args.sessions, args.seed, Path(data_dir), store)):
+                failed.append(store)
+    if len(stores) > 1:
+        print(f"chaos: violations on {', '.join(failed)}" if failed else f"chaos: OK on {', '.join(stores)}")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

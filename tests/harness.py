@@ -33,6 +33,7 @@ from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
+from tests.invariants import queues_left
 
 RABBITMQ_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_URL", "amqp://guest:guest@localhost:5672/")
 REDIS_URL = os.environ.get("SIGNOFF_TEST_REDIS_URL", "redis://localhost:6379/0")
@@ -365,18 +366,7 @@ async def rows(deployment: Deployment, model, **where) -> list:
 
 
 async def assert_nothing_left_in_any_queue(console, namespace: str, timeout: float = 10.0) -> None:
-    """No message lost or stuck: every queue of the deployment drains, nothing is dead-lettered."""
-    from shared.topology import Topology
-
-    async def left() -> dict[str, int]:
-        counts = {}
-        for name in Topology(namespace).all_queue_names():
-            queue = await console.channel.declare_queue(name, passive=True)
-            if queue.declaration_result.message_count:
-                counts[name] = queue.declaration_result.message_count
-        return counts
-
-    deadline = time.monotonic() + timeout
-    while (counts := await left()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    """No message lost or stuck: every queue of the deployment drains, nothing is dead-lettered
+    (the queue part of tests/invariants.py's end-of-run check)."""
+    counts = await queues_left(console, namespace, timeout)
     assert not counts, f"messages left behind: {counts}"

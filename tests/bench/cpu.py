@@ -1,0 +1,121 @@
+"""CPU: of each service process and of the dependencies (from /proc), and py-spy
+profiles of the services during one level (`--profile DIR`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tests.harness import Deployment
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DEPENDENCIES = ("postgres", "beam.smp", "redis-server")
+SHORT = {"approval-ledger": "ledger", "publisher": "publisher", "model-step": "model", "tool-executor": "executor"}
+
+
+def process_cpu(pid: int) -> float | None:
+    """utime + stime of one process, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def dependency_cpu() -> dict[str, dict[int, float]]:
+    """CPU of every postgres / beam.smp / redis-server process on the machine, by pid."""
+    found: dict[str, dict[int, float]] = {name: {} for name in DEPENDENCIES}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm in found:
+            cpu = process_cpu(int(entry))
+            if cpu is not None:
+                found[comm][int(entry)] = cpu
+    return found
+
+
+def dependency_cpu_delta(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+    """Processes that ended in between are lost; new ones count from zero."""
+    return {name: sum(cpu - before[name].get(pid, 0.0) for pid, cpu in after[name].items()) for name in after}
+
+
+def service_cpu(deployment: Deployment) -> dict[str, float]:
+    return {name: process_cpu(p.pid) or 0.0 for name, p in deployment.processes.items()}
+
+
+def find_py_spy() -> str | None:
+    candidate = Path(sys.executable).parent / "py-spy"
+    return str(candidate) if candidate.exists() else shutil.which("py-spy")
+
+
+def start_profilers(deployment: Deployment, directory: Path, seconds: float) -> list[subprocess.Popen]:
+    """py-spy on every service for one level (100 Hz; --nonblocking gave garbled stacks here)."""
+    py_spy = find_py_spy()
+    directory.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [py_spy, "record", "--pid", str(p.pid), "--rate", "100", "--format", "raw",
+             "--duration", str(max(1, int(seconds))), "--output", str(directory / f"{name}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for name, p in deployment.processes.items()
+    ]
+
+
+# Leaf frames of a thread that waits: py-spy's idle detection misses some of them in this VM.
+IDLE_LEAVES = ("EpollSelector.select ", "Condition.wait ", "_worker (futures/thread.py)", "Event.wait ",
+               "Thread._wait_for_tstate_lock ", "Queue.get ")
+
+
+def summarize_profile(path: Path, top: int = 25) -> str:
+    """Self and inclusive sample shares per function from a py-spy raw (collapsed) file,
+    samples whose leaf frame is a wait left out."""
+    self_samples: Counter = Counter()
+    inclusive: Counter = Counter()
+    total = idle = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        if frames[-1].startswith(IDLE_LEAVES):
+            idle += n
+            continue
+        total += n
+        self_samples[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    out = [f"{path.stem}: {total} busy samples ({idle} waiting samples left out)"]
+    total = max(total, 1)
+    out.append("  self %   function")
+    for frame, n in self_samples.most_common(top):
+        out.append(f"  {100 * n / total:5.1f}   {frame}")
+    out.append("  incl %   function")
+    for frame, n in inclusive.most_common(top * 2):
+        out.append(f"  {100 * n / total:5.1f}   {frame}")
+    return "\n".join(out)
+
+
+def _frame(frame: str) -> str:
+    # "function (path/to/file.py:123)" -> "function (file.py)" keeps functions, not lines, apart
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")").rsplit(":", 1)[0]
+    parts = where.split("/")
+    if "site-packages" in parts:
+        where = "/".join(parts[parts.index("site-packages") + 1:])
+    elif len(parts) > 2:
+        where = "/".join(parts[-2:])
+    return f"{name} ({where})"
