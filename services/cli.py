@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from services.warm_start import SERVICES, Child, fork_service, preload, run_service
+from services.supervisor import Supervisor
+from services.warm_start import SERVICES, run_service
 from shared.settings import Settings
 
 ALIASES = {"ledger": "approval-ledger", "executor": "tool-executor", "model": "model-step"}
@@ -88,113 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     parser.error("unknown command")
     return 2
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
-class Supervisor:
-    """Runs the four services as child processes and restarts any that dies.
-
-    Each child is a fork of this process after it has imported every service
-    (`services.warm_start`): a restart after a crash is a fork and a connect,
-    not a new interpreter."""
-
-    # How often a dead child is looked for: a crash costs at most this before the restart.
-    WATCH_SECONDS = 0.05
-    # A child that dies before it became ready is crash-looping (bad settings, a
-    # dependency away): each further restart waits twice as long as the last, up
-    # to BACKOFF_LIMIT, instead of spinning. One that was ready and working is
-    # restarted at once, however soon after its last start it died.
-    BACKOFF_LIMIT = 30.0
-
-    def __init__(self, settings: Settings, log_dir: Path | None = None) -> None:
-        self.settings = settings
-        self.log_dir = log_dir or settings.data_dir / "logs"
-        self.children: dict[str, Child] = {}
-        # Where each child's log stood when it was started: what it logged since says whether it became ready.
-        self.log_offset: dict[str, int] = {}
-        self.backoff: dict[str, float] = {}
-        self.restart_at: dict[str, float] = {}
-        self.stopping = False
-
-    def start(self) -> None:
-        from shared.runtime import check_reachable
-
-        # SIGTERM (docker stop, timeout) must stop the children too, as Ctrl-C does.
-        signal.signal(signal.SIGTERM, _interrupt)
-        check_reachable(self.settings)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        # Migrate once here so four services do not race to create the schema.
-        subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
-        preload()
-        for service in SERVICES:
-            self._spawn(service)
-
-    def _spawn(self, service: str) -> None:
-        # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
-        log = self.log_dir / f"{service}.log"
-        self.log_offset[service] = log.stat().st_size if log.exists() else 0
-        self.children[service] = Child(fork_service(service, log=str(log), new_session=True))
-
-    def became_ready(self, service: str) -> bool:
-        """Whether the child last started logged that it was ready (or, a publisher, standing by)."""
-        with open(self.log_dir / f"{service}.log", "rb") as log:
-            log.seek(self.log_offset[service])
-            since = log.read().decode("utf-8", "replace")
-        return f"{service} ready" in since or f"{service} standing by" in since
-
-    def watch(self) -> None:
-        """Restart every child that died: at once after a crash, with backoff while it keeps dying at start."""
-        if self.stopping:
-            return
-        now = time.monotonic()
-        for service, child in list(self.children.items()):
-            if service in self.restart_at:
-                if now >= self.restart_at[service]:
-                    del self.restart_at[service]
-                    self._spawn(service)
-                continue
-            if child.poll() is None:
-                continue
-            if self.became_ready(service):
-                self.backoff.pop(service, None)
-            else:
-                self.backoff[service] = min(self.BACKOFF_LIMIT, 2 * self.backoff.get(service, 0.25))
-            delay = self.backoff.get(service, 0.0)
-            print(f"signoff: {service} exited with {child.returncode}; restarting"
-                  f"{f' in {delay:.1f} s' if delay else ''} (log: {self.log_dir / (service + '.log')})",
-                  file=sys.stderr, flush=True)
-            if delay:
-                self.restart_at[service] = now + delay
-            else:
-                self._spawn(service)
-
-    def stop(self) -> None:
-        self.stopping = True
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for child in self.children.values():
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-
-    def run_until_interrupted(self) -> int:
-        self.start()
-        print(f"signoff: services running (logs in {self.log_dir}); Ctrl-C stops them", flush=True)
-        try:
-            while True:
-                time.sleep(self.WATCH_SECONDS)
-                self.watch()
-        except KeyboardInterrupt:
-            print("\nsignoff: stopping", flush=True)
-        finally:
-            self.stop()
-        return 0
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ import aio_pika
 from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
+from services.supervisor import Supervisor
 from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.consuming import declare, publish
 from shared.dead_letters import describe as describe_parked
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
-from shared.runtime import Unreachable, _address, check_reachable
+from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
 from shared.topology import Topology
 
@@ -39,7 +40,7 @@ class Console:
         try:
             self.connection = await aio_pika.connect_robust(self.settings.amqp_url)
         except Exception as error:
-            raise Unreachable("RabbitMQ", _address(self.settings.rabbitmq_url), error) from None
+            raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
         self.broker = RabbitBroker(self.settings.amqp_url, log_level=logging.DEBUG)
         await self.broker.connect()
@@ -203,8 +204,6 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
 
 
 def demo(settings: Settings) -> int:
-    from services.cli import Supervisor
-
     supervisor = Supervisor(settings)
     print(f"signoff: starting the four services (logs in {supervisor.log_dir})…", flush=True)
     supervisor.start()

@@ -124,7 +124,7 @@ class Runtime:
             try:
                 await self.broker.connect()
             except Exception as error:
-                raise Unreachable("RabbitMQ", _address(self.settings.rabbitmq_url), error) from None
+                raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
             stack.push_async_callback(self.broker.stop)
             stack.push_async_callback(self._close_redis)
             await declare(self.broker, self.topology)
@@ -154,6 +154,7 @@ def prepare(settings: Settings, name: str) -> Runtime:
     return Runtime(settings, name)
 
 
-def _address(url: str) -> str:
+def address(url: str) -> str:
+    """host:port of a URL, as an error message names it."""
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port or ''}"

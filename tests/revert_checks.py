@@ -36,7 +36,7 @@ MUTATIONS = [
    "            await conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_([r.id for r in rows])).values(sent_at=now()))\n"
    "        # One channel, publishes started in id order",
    "tests/crash/test_crash_windows.py::test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it"),
-  ("no leader lock: every publisher relays", "services/publisher/main.py",
+  ("no leader lock: every publisher relays", "services/publisher/leadership.py",
    '    if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", lock):',
    '    if False:',
    "tests/crash/test_failover.py::test_a_standby_publisher_relays_nothing_while_the_leader_lives_and_takes_over_when_it_is_killed"),

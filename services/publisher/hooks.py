@@ -163,3 +163,12 @@ class HookDeliverer:
             log.exception("hook %s delivery %s", hook.name, delivery.id)
         finally:
             self.in_flight.discard(delivery.id)
+
+
+async def deliver_hooks_forever(deliverer: HookDeliverer, pause: float = 0.05) -> None:
+    while True:
+        try:
+            await deliverer.deliver_due()
+        except Exception:
+            log.exception("hook delivery loop")
+        await asyncio.sleep(pause)

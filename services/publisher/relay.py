@@ -78,3 +78,25 @@ class OutboxRelay:
             await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
             await schedule(conn, self.hooks, rows)
         return len(rows)
+
+    async def relay_forever(self, wake: asyncio.Event, idle_wait: float,
+                            hook_deliveries: asyncio.Task | None = None) -> None:
+        """Relay batch after batch; when the outbox is drained, sleep until woken
+        (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite)."""
+        while True:
+            wake.clear()
+            try:
+                sent = await self.relay_once()
+            except Exception as error:
+                # Broker or database away (a closed channel, a dropped connection):
+                # the rows stay unsent and go out, with the same ids, once it is back.
+                log.warning("relay failed (%r); retrying", error)
+                await asyncio.sleep(0.5)
+                continue
+            if hook_deliveries is not None and hook_deliveries.done():
+                hook_deliveries.result()  # a dead hook loop takes the publisher down, loudly
+            if sent < self.batch_size:
+                try:
+                    await asyncio.wait_for(wake.wait(), idle_wait)
+                except TimeoutError:
+                    pass
