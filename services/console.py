@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 import aio_pika
 from faststream.rabbit import RabbitBroker
@@ -32,8 +32,9 @@ class Console:
         self.topology = Topology(settings.namespace, settings.delivery_limit)
         self.engine = create_engine(settings, pool_size=2)
         self.sessions = sessionmaker(self.engine)
-        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
-        self.channel: aio_pika.abc.AbstractChannel | None = None
+        # Set on entering: a console is used inside `async with`.
+        self.connection: aio_pika.abc.AbstractRobustConnection
+        self.channel: aio_pika.abc.AbstractChannel
 
     async def __aenter__(self) -> Console:
         check_reachable(self.settings)
@@ -50,7 +51,7 @@ class Console:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self.connection:
+        if hasattr(self, "channel"):
             await self.connection.close()
             await self.broker.stop()
         await self.engine.dispose()
@@ -70,7 +71,8 @@ class Console:
         async with self.sessions() as db:
             return await db.get(ApprovalRequest, request_id)
 
-    async def respond(self, request_id: str, decision: str, reason: str, message: str, responder: str) -> str:
+    async def respond(self, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str,
+                      responder: str) -> str:
         request = await self.request(request_id)
         if request is None:
             raise SystemExit(f"signoff: no approval request {request_id}")
@@ -167,7 +169,7 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
     return 0
 
 
-async def respond(settings: Settings, request_id: str, decision: str, reason: str, message: str,
+async def respond(settings: Settings, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str,
                   responder: str) -> int:
     async with Console(settings) as console:
         request = await console.request(request_id)
@@ -189,7 +191,7 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
         channel = await console.connection.channel()
         try:
             queue = await channel.declare_queue(name, passive=True)
-            total = queue.declaration_result.message_count
+            total = queue.declaration_result.message_count or 0
             print(f"{total} dead-lettered message(s) in {name}")
             for _ in range(min(total, limit)):
                 raw = await queue.get(no_ack=False, fail=False)

@@ -124,7 +124,7 @@ class Child:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
             time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]
 

@@ -12,13 +12,15 @@ import hashlib
 import json
 import secrets
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 Identifier = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 ShortText = Annotated[str, Field(max_length=4000)]
+# How a tool call ended, as its executor knows it.
+Outcome = Literal["output", "error", "outcome_unknown"]
 
 
 def mint(prefix: str) -> str:
@@ -165,7 +167,7 @@ class ModelStepCompleted(Envelope):
 class ToolExecuted(Envelope):
     type: Literal["tool.completed"] = "tool.completed"
     call_id: Identifier
-    outcome: Literal["output", "error", "outcome_unknown"]
+    outcome: Outcome
     output: Any = None
     error: ShortText | None = None
 
@@ -234,17 +236,18 @@ class MessageRejected(Envelope):
 
 LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
-EVENTS = (
-    ApprovalRequested,
-    ApprovalDecided,
-    ToolCallClosed,
-    OperatorAlerted,
-    TurnCompleted,
-    TurnFailed,
-    MessageRejected,
-)
-Event = Annotated[Union[EVENTS], Field(discriminator="type")]
-AnyMessage = Annotated[Union[LEDGER_INPUTS + SERVICE_COMMANDS + EVENTS], Field(discriminator="type")]
+Event = Annotated[
+    ApprovalRequested | ApprovalDecided | ToolCallClosed | OperatorAlerted | TurnCompleted | TurnFailed
+    | MessageRejected,
+    Field(discriminator="type"),
+]
+EVENTS: tuple[type[Envelope], ...] = get_args(get_args(Event)[0])
+AnyMessage = Annotated[
+    StartTurn | RespondToApproval | ModelStepCompleted | ToolExecuted | RequestModelStep | ExecuteTool
+    | ApprovalRequested | ApprovalDecided | ToolCallClosed | OperatorAlerted | TurnCompleted | TurnFailed
+    | MessageRejected,
+    Field(discriminator="type"),
+]
 ANY_MESSAGE: TypeAdapter[Any] = TypeAdapter(AnyMessage)
 EVENT: TypeAdapter[Any] = TypeAdapter(Event)
 EVENT_TYPES = frozenset(event.model_fields["type"].default for event in EVENTS)

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -114,7 +114,7 @@ class Runtime:
         async def entrypoint(message) -> None:
             await inbound.receive(message, adapter, handle)
 
-    async def serve(self, background: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Connect, declare the topology, consume until told to stop."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

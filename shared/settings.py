@@ -81,9 +81,3 @@ class Settings(BaseSettings):
     @property
     def is_postgres(self) -> bool:
         return self.ledger_url.startswith("postgresql")
-
-
-def load_settings(**overrides) -> Settings:
-    return Settings(**overrides)
-
-

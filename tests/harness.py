@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
+from services.warm_start import SERVICES as SERVICE_MODULES
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
 from tests.invariants import queues_left
@@ -38,7 +39,7 @@ from tests.invariants import queues_left
 RABBITMQ_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_URL", "amqp://guest:guest@localhost:5672/")
 REDIS_URL = os.environ.get("SIGNOFF_TEST_REDIS_URL", "redis://localhost:6379/0")
 POSTGRES_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@localhost:5432/test")
-SERVICES = ("approval-ledger", "publisher", "model-step", "tool-executor")
+SERVICES = tuple(SERVICE_MODULES)
 
 
 class ServiceUnreachable(AssertionError):

@@ -42,7 +42,7 @@ def to_messages(transcript: list[TranscriptEntry]) -> list[dict[str, Any]]:
                 "is_error": entry.closure != "output",
             }])
         else:
-            blocks = [{"type": "text", "text": entry.text}] if entry.text else []
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": entry.text}] if entry.text else []
             blocks += [{"type": "tool_use", "id": c.provider_call_id, "name": c.name, "input": c.arguments}
                        for c in entry.tool_calls]
             add("assistant", blocks)

@@ -51,6 +51,7 @@ async def request_model_step(
         error = f"no provider named {request.provider!r} is configured"
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
     for number in range(lost + 1, lost + MAX_ATTEMPTS + 1 if provider else 0):
+        assert provider is not None
         try:
             await faults.reached("model_step.mid_call")
             reply = await provider.complete(request.session_id, transcript, request.tools)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
-from shared.ledger.tables import HookDelivery
+from shared.ledger.tables import TABLES, HookDelivery
 from shared import faults
 from shared.catalogue import resolve_secrets
 from shared.messages import EVENT_TYPES, now
@@ -93,7 +93,7 @@ async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
         if hook.wants(row.message_type)
     ]
     if deliveries:
-        await conn.execute(insert(HookDelivery.__table__), deliveries)
+        await conn.execute(insert(TABLES["hook_deliveries"]), deliveries)
 
 
 @dataclass

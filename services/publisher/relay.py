@@ -15,7 +15,7 @@ import aio_pika
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.ledger.tables import OutboxRow
+from shared.ledger.tables import TABLES
 from shared import faults
 from shared.messages import now
 
@@ -24,7 +24,7 @@ from .hooks import Hook, schedule
 log = logging.getLogger("signoff.publisher")
 
 
-OUTBOX = OutboxRow.__table__
+OUTBOX = TABLES["outbox"]
 # Built once: the relay runs them for every batch.
 _UNSENT = (
     select(OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange, OUTBOX.c.routing_key,

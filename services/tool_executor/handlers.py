@@ -55,9 +55,11 @@ async def _claim_run_and_report(executor: Executor, command: ExecuteTool, spec, 
         if verdict.action != "wait":
             break
         # Another executor holds a live lease; if it dies, the lease runs out.
+        assert verdict.wait_until is not None
         await asyncio.sleep(max(0.05, min(1.0, (verdict.wait_until - now()).total_seconds())))
 
     if verdict.action == "report":
+        assert verdict.outcome is not None
         result = ToolResult(verdict.outcome, (verdict.result or {}).get("output"), (verdict.result or {}).get("error"))
     elif verdict.action == "lost":
         log.error("call %s: executor died mid outward call; closing as outcome-unknown", command.call_id)

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import httpx
 
 from shared.catalogue import HttpImplementation, PythonImplementation, ToolSpec, resolve_secrets
+from shared.messages import Outcome
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class ToolResult:
-    outcome: str  # output | error | outcome_unknown
+    outcome: Outcome
     output: Any = None
     error: str | None = None
 
