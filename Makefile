@@ -52,8 +52,11 @@ compose-check: $(STAMP)
 # of mutmut's mutant names (claims.py: `decide` alone; its Claims class needs a database).
 # To add a module: list its file under [tool.mutmut] only_mutate in pyproject.toml and
 # its prefix here, e.g., once its restructuring has landed, services.approval_ledger.domain.
-MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ shared.catalogue. \
-	services.model_step.tool_call_ids. services.model_step.transcript_guard.
+MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ services.tool_executor.claims.x_fresh_claim_ \
+	services.tool_executor.claims.x_retaken_claim_ services.tool_executor.claims.x_renewed_lease_ \
+	services.tool_executor.claims.x_lost_call_ shared.catalogue. \
+	services.model_step.tool_call_ids. services.model_step.transcript_guard. \
+	services.approval_ledger.domain.
 
 mutation: $(STAMP)
 	rm -rf mutants && mkdir mutants

@@ -16,6 +16,7 @@ broken transcript heals the same way on every request.
 from __future__ import annotations
 
 import logging
+from itertools import takewhile
 
 from shared.messages import TranscriptCall, TranscriptEntry
 
@@ -57,7 +58,30 @@ def heal(transcript: list[TranscriptEntry], session_id: str) -> list[TranscriptE
     Every move, insertion and drop is logged as a warning with the session and call ids.
     """
     tool_indices = [i for i, e in enumerate(transcript) if e.role == "tool"]
-    placed: set[int] = set()
+    # Each call of each assistant message, keyed by (message position, call position).
+    calls = {(index, n): call for index, entry in enumerate(transcript) if entry.role == "assistant"
+             for n, call in enumerate(entry.tool_calls)}
+    placed: dict[tuple[int, int], int] = {}  # call -> position of its result
+    taken: set[int] = set()
+
+    def take(key: tuple[int, int], among: list[int]) -> None:
+        found = next((j for j in among if j not in taken and _is_terminal(transcript[j])
+                      and _is_result_for(transcript[j], calls[key])), None)
+        if found is not None:
+            placed[key] = found
+            taken.add(found)
+
+    # First every call keeps a result found in the run of tool entries right after its
+    # message, before any call looks elsewhere: a provider id reused by another call,
+    # earlier or later, cannot take that result away from it.
+    for key in calls:
+        take(key, list(takewhile(lambda j: transcript[j].role == "tool", range(key[0] + 1, len(transcript)))))
+    kept = set(placed)
+    # Then a call still without a result takes one found anywhere else: it is moved.
+    for key in calls:
+        if key not in kept:
+            take(key, tool_indices)
+
     healed: list[TranscriptEntry] = []
     for index, entry in enumerate(transcript):
         if entry.role == "tool":
@@ -65,30 +89,20 @@ def heal(transcript: list[TranscriptEntry], session_id: str) -> list[TranscriptE
         healed.append(entry)
         if entry.role != "assistant":
             continue
-        adjacent = set()
-        for j in range(index + 1, len(transcript)):
-            if transcript[j].role != "tool":
-                break
-            adjacent.add(j)
-        for call in entry.tool_calls:
-            # Prefer the adjacent run, so a provider id reused by an older call
-            # cannot steal that call's result.
-            candidates = [j for j in tool_indices if j not in placed and _is_terminal(transcript[j])
-                          and _is_result_for(transcript[j], call)]
-            found = next((j for j in candidates if j in adjacent), candidates[0] if candidates else None)
+        for n, call in enumerate(entry.tool_calls):
+            found = placed.get((index, n))
             if found is None:
                 log.warning("session %s: tool call %s (provider id %s, %s) has no result; "
                             "closing it with an error for this request (invariant 3)",
                             session_id, call.call_id, call.provider_call_id, call.name)
                 healed.append(never_closed(call))
                 continue
-            if found not in adjacent:
+            if (index, n) not in kept:
                 log.warning("session %s: the result of tool call %s (provider id %s) was not next to its call; "
                             "moved it there (invariant 3)", session_id, call.call_id, call.provider_call_id)
-            placed.add(found)
             healed.append(transcript[found])
     for j in tool_indices:
-        if j not in placed:
+        if j not in taken:
             entry = transcript[j]
             log.warning("session %s: dropped a tool entry at position %d that closes no call in this transcript "
                         "(call %s, provider id %s, closure %s)",

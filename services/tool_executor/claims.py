@@ -45,6 +45,33 @@ def decide(claim: ExecutionClaim | None, *, effect: str, at: datetime) -> ClaimO
     return ClaimOutcome("run", attempt=claim.attempts + 1)
 
 
+# What each write puts in the claim row, as values: pure, so the rules can be stated without a database.
+
+
+def fresh_claim(call_id: str, idempotency_key: str, holder: str, *, at: datetime, lease: timedelta) -> dict[str, Any]:
+    """A first claim: held by `holder` as attempt 1, its lease ending one lease from now."""
+    return {"call_id": call_id, "idempotency_key": idempotency_key, "status": "claimed", "holder": holder,
+            "lease_expires_at": renewed_lease(at, lease), "attempts": 1, "claimed_at": at}
+
+
+def retaken_claim(holder: str, attempt: int, *, at: datetime, lease: timedelta) -> dict[str, Any]:
+    """A dead holder's read or idempotent call, taken over by `holder` as the next attempt."""
+    return {"holder": holder, "attempts": attempt, "lease_expires_at": renewed_lease(at, lease)}
+
+
+def renewed_lease(at: datetime, lease: timedelta) -> datetime:
+    """A lease taken or renewed at `at` ends one lease later."""
+    return at + lease
+
+
+LOST = "the executor holding this outward call stopped mid-call; it was not retried and its outcome is unknown"
+
+
+def lost_call(at: datetime) -> dict[str, Any]:
+    """A dead holder's outward call is finished as outcome-unknown, never run again (invariant 4)."""
+    return {"status": "finished", "outcome": "outcome_unknown", "finished_at": at, "result": {"error": LOST}}
+
+
 CLAIMS = ExecutionClaim.__table__
 # Built once: the hot path runs them for every call, and building costs more than executing a cached one.
 _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}
@@ -64,22 +91,17 @@ class Claims:
     async def take(self, call_id: str, idempotency_key: str, effect: str) -> ClaimOutcome:
         async with self.engine.begin() as conn:
             at = now()
-            fresh = await conn.execute(_FRESH[conn.dialect.name], {
-                "call_id": call_id, "idempotency_key": idempotency_key, "status": "claimed", "holder": self.holder,
-                "lease_expires_at": at + self.lease, "attempts": 1, "claimed_at": at,
-            })
+            fresh = await conn.execute(_FRESH[conn.dialect.name],
+                                       fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease))
             if fresh.rowcount == 1:
                 return ClaimOutcome("run", attempt=1)
             row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
             verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
             if verdict.action == "run":
                 await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(
-                    holder=self.holder, attempts=verdict.attempt, lease_expires_at=at + self.lease))
+                    retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease)))
             elif verdict.action == "lost":
-                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(
-                    status="finished", outcome="outcome_unknown", finished_at=at,
-                    result={"error": "the executor holding this outward call stopped mid-call; "
-                                     "it was not retried and its outcome is unknown"}))
+                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
             return verdict
 
     async def _update_own(self, call_id: str, **values) -> bool:
@@ -88,7 +110,7 @@ class Claims:
             return result.rowcount == 1
 
     async def renew(self, call_id: str) -> bool:
-        return await self._update_own(call_id, lease_expires_at=now() + self.lease)
+        return await self._update_own(call_id, lease_expires_at=renewed_lease(now(), self.lease))
 
     async def finish(self, call_id: str, outcome: str, result: dict[str, Any]) -> bool:
         """Record the result; False if this executor no longer holds the claim."""

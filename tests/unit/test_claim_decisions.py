@@ -1,14 +1,16 @@
-"""What a (re)delivered call may do, given its claim row (invariant 4: execute once).
+"""What a (re)delivered call may do, given its claim row (invariant 4: execute once),
+and what the executor writes to that row.
 
-`decide` is the pure part of the executor's claims. What `Claims.take`, `renew`
-and `finish` write to the row needs a database and is not stated here.
+`decide` and the values `Claims.take` and `renew` write (`fresh_claim`,
+`retaken_claim`, `renewed_lease`, `lost_call`) are the pure part of the
+executor's claims; running the statements needs a database and is not stated here.
 """
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.tool_executor.claims import decide
+from services.tool_executor.claims import decide, fresh_claim, lost_call, renewed_lease, retaken_claim
 from shared.ledger.tables import ExecutionClaim
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -65,3 +67,45 @@ def test_an_outward_call_whose_holder_died_is_lost_and_never_run_again(attempts)
 def test_a_read_or_idempotent_call_whose_holder_died_runs_again_as_the_next_attempt(effect, attempts):
     verdict = decide(claim(lease_expires_at=NOW - LEASE, attempts=attempts), effect=effect, at=NOW)
     assert (verdict.action, verdict.attempt) == ("run", attempts + 1)
+
+
+def test_a_fresh_claim_is_held_by_its_executor_as_the_first_attempt_with_a_lease_that_lies_in_the_future():
+    row = fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE)
+    assert row == {"call_id": "call_1", "idempotency_key": "idem_1", "status": "claimed", "holder": "executor_a",
+                   "lease_expires_at": NOW + LEASE, "attempts": 1, "claimed_at": NOW}
+    assert row["lease_expires_at"] > NOW
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_a_redelivery_finds_a_fresh_claim_live_and_waits_for_it(effect):
+    verdict = decide(ExecutionClaim(**fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE)),
+                     effect=effect, at=NOW)
+    assert (verdict.action, verdict.wait_until) == ("wait", NOW + LEASE)
+
+
+def test_renewing_a_lease_extends_it_one_lease_past_the_renewal():
+    later = NOW + timedelta(seconds=20)
+    assert renewed_lease(NOW, LEASE) == NOW + LEASE
+    assert renewed_lease(later, LEASE) == later + LEASE > NOW + LEASE
+
+
+@pytest.mark.parametrize("effect", ["read", "idempotent"])
+def test_a_dead_holders_call_is_retaken_by_the_new_executor_as_the_next_attempt_with_a_fresh_lease(effect):
+    verdict = decide(claim(lease_expires_at=NOW - LEASE, attempts=2), effect=effect, at=NOW)
+    assert retaken_claim("executor_b", verdict.attempt, at=NOW, lease=LEASE) == {
+        "holder": "executor_b", "attempts": 3, "lease_expires_at": NOW + LEASE}
+
+
+def test_a_lost_outward_call_is_written_as_finished_outcome_unknown_with_an_error_saying_it_was_not_retried():
+    row = lost_call(NOW)
+    assert (row["status"], row["outcome"], row["finished_at"]) == ("finished", "outcome_unknown", NOW)
+    assert list(row["result"]) == ["error"]
+    assert "not retried" in row["result"]["error"] and "outcome is unknown" in row["result"]["error"]
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_once_written_a_lost_call_reports_outcome_unknown_on_every_later_delivery_and_never_runs(effect):
+    lost = lost_call(NOW)
+    written = claim(lease_expires_at=NOW - LEASE, status=lost["status"], outcome=lost["outcome"], result=lost["result"])
+    verdict = decide(written, effect=effect, at=NOW + LEASE)
+    assert (verdict.action, verdict.outcome, verdict.result) == ("report", "outcome_unknown", lost["result"])

@@ -1,14 +1,24 @@
-"""The ledger's pure rules, with no I/O."""
+"""The ledger's rules (services/approval_ledger/domain.py), each stated as a sentence: pure, no I/O.
 
-from datetime import UTC, datetime, timedelta
+What a handler loads and records needs a database and is not stated here; what it
+decides is. The executor's claim decisions are in test_claim_decisions.py.
+"""
+
+from datetime import UTC, datetime
 
 import pytest
 
 from services.approval_ledger import domain
-from shared.ledger.tables import ExecutionClaim
-from services.tool_executor.claims import decide
+from services.approval_ledger.domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
 from shared.catalogue import REDACTED, ToolCatalogue
-from shared.messages import ProposedToolCall, RespondToApproval, arguments_digest
+from shared.messages import (
+    ProposedToolCall,
+    ProviderAttempt,
+    RespondToApproval,
+    ToolExecuted,
+    TranscriptEntry,
+    arguments_digest,
+)
 
 CATALOGUE = ToolCatalogue.model_validate({"tools": [
     {"name": "send", "label": "Send money", "approval": "always", "effect": "outward", "target": "account {to}",
@@ -21,20 +31,90 @@ CATALOGUE = ToolCatalogue.model_validate({"tools": [
 ]})
 
 
-def call(name, **arguments):
-    return ProposedToolCall(provider_call_id="p1", name=name, arguments=arguments)
+def proposed(name, provider_call_id="p1", **arguments):
+    return ProposedToolCall(provider_call_id=provider_call_id, name=name, arguments=arguments)
+
+
+# --- turns ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["running", "waiting"])
+def test_a_busy_session_running_or_waiting_on_a_person_refuses_a_new_turn_as_session_busy(status):
+    refused = domain.refuse_turn(status)
+    assert refused == domain.Refusal(
+        "session_busy", f"The session is {status}; a new turn can start when it is idle.")
+
+
+def test_an_idle_session_starts_a_new_turn():
+    assert domain.refuse_turn("idle") is None
+
+
+# --- model steps ----------------------------------------------------------------
+
+STEP = Step(id="step_1", session_id="s1", turn_id="turn_1", status="requested")
+COMPLETED_STEP = Step(id="step_1", session_id="s1", turn_id="turn_1", status="completed")
+
+
+def attempt(number, status):
+    return ProviderAttempt(number=number, status=status, provider="fake")
+
+
+ATTEMPTS = [attempt(1, "failed"), attempt(2, "abandoned"), attempt(3, "completed")]
+
+
+@pytest.mark.parametrize("step", [None, Step(id="step_1", session_id="other", turn_id="turn_1", status="requested")],
+                         ids=["no such step", "a step of another session"])
+def test_a_report_for_a_step_of_another_session_or_for_none_is_refused_as_unknown_step_and_records_nothing(step):
+    judged = domain.judge_step_report(step, "s1", ATTEMPTS)
+    assert (judged.verdict, judged.attempts) == ("unknown", ())
+    assert judged.refusal == domain.Refusal("unknown_step", "No such model step in this session.")
+
+
+def test_a_duplicate_report_keeps_its_attempts_counted_as_discarded_except_its_abandoned_one():
+    judged = domain.judge_step_report(COMPLETED_STEP, "s1", ATTEMPTS)
+    assert (judged.verdict, judged.refusal) == ("duplicate", None)
+    assert judged.attempts == ((ATTEMPTS[0], "discarded"), (ATTEMPTS[2], "discarded"))
+
+
+def test_a_new_report_is_applied_and_records_each_attempt_with_its_own_status():
+    judged = domain.judge_step_report(STEP, "s1", ATTEMPTS)
+    assert (judged.verdict, judged.refusal) == ("apply", None)
+    assert judged.attempts == ((ATTEMPTS[0], "failed"), (ATTEMPTS[1], "abandoned"), (ATTEMPTS[2], "completed"))
 
 
 def test_a_call_needing_approval_is_asked_and_a_policy_allowed_call_runs_at_once():
-    plans = domain.plan_calls([call("send", to="acme", amount=5), call("look", what="x")], CATALOGUE)
-    assert [p.action for p in plans] == ["ask", "execute"]
+    calls = [proposed("send", "p1", to="acme", amount=5), proposed("look", "p2", what="x")]
+    plans = domain.plan_calls(calls, CATALOGUE)
+    assert [(p.proposed, p.action, p.spec, p.reason_code, p.reason_text) for p in plans] == [
+        (calls[0], "ask", CATALOGUE.get("send"), None, None),
+        (calls[1], "execute", CATALOGUE.get("look"), None, None),
+    ]
 
 
 def test_unknown_tools_missing_implementations_and_invalid_arguments_are_closed_before_anyone_is_asked():
-    plans = domain.plan_calls([call("nope"), call("hollow"), call("send", to="acme")], CATALOGUE)
-    assert [(p.action, p.reason_code) for p in plans] == [
-        ("close", "unknown_tool"), ("close", "no_implementation"), ("close", "invalid_arguments")]
+    calls = [proposed("nope"), proposed("hollow"), proposed("send", to="acme"), proposed("send", to="acme", amount=1)]
+    plans = domain.plan_calls(calls, CATALOGUE)
+    assert [(p.proposed, p.action, p.spec, p.reason_code) for p in plans] == [
+        (calls[0], "close", None, "unknown_tool"),
+        (calls[1], "close", CATALOGUE.get("hollow"), "no_implementation"),
+        (calls[2], "close", CATALOGUE.get("send"), "invalid_arguments"),
+        (calls[3], "ask", CATALOGUE.get("send"), None),
+    ]
+    assert plans[0].reason_text == "There is no tool named 'nope'."
+    assert plans[1].reason_text == "The tool 'hollow' has no implementation."
+    assert plans[2].reason_text == "Invalid arguments for 'send': " + "; ".join(
+        CATALOGUE.get("send").argument_errors({"to": "acme"}))
     assert "amount" in plans[2].reason_text
+
+
+def test_every_argument_error_of_an_invalid_call_is_named_in_its_closure():
+    [plan] = domain.plan_calls([proposed("send", to=1)], CATALOGUE)
+    errors = CATALOGUE.get("send").argument_errors({"to": 1})
+    assert len(errors) == 2
+    assert plan.reason_text == f"Invalid arguments for 'send': {errors[0]}; {errors[1]}"
+
+
+# --- approvals ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("found,session,status,digest,decision,verdict", [
@@ -43,14 +123,201 @@ def test_unknown_tools_missing_implementations_and_invalid_arguments_are_closed_
     (False, None, None, None, "approve", "unknown_request"),
     (True, "other", "pending", "d1", "approve", "unknown_request"),
     (True, "s1", "approved", "d1", "approve", "already_decided"),
+    (True, "s1", "denied", "d1", "deny", "already_decided"),
     (True, "s1", "pending", "d2", "approve", "digest_mismatch"),
 ])
 def test_a_response_decides_only_a_pending_request_of_its_session_with_the_shown_arguments(
         found, session, status, digest, decision, verdict):
-    request = domain.RequestOnRecord("apr_1", session, status, "d1", "call_1") if found else None
+    request = RequestOnRecord("apr_1", session, status, "d1", "call_1") if found else None
     response = RespondToApproval(session_id="s1", request_id="apr_1", decision=decision, args_digest=digest or "")
     refused = domain.judge_response(request, response)
     assert (refused.reason_code if refused else None) == verdict
+
+
+def test_each_refused_response_says_why():
+    def why(request, decision="approve", digest="d1"):
+        response = RespondToApproval(session_id="s1", request_id="apr_1", decision=decision, args_digest=digest)
+        return domain.judge_response(request, response).reason_text
+
+    assert why(None) == "No approval request with that id exists in this session."
+    assert why(RequestOnRecord("apr_1", "s1", "denied", "d1", "call_1")) == "The request is already denied."
+    assert why(RequestOnRecord("apr_1", "s1", "pending", "d1", "call_1"), digest="d2") == (
+        "The approval names different arguments from the ones shown; refusing to run them.")
+
+
+@pytest.mark.parametrize("decision,status", [("approve", "approved"), ("deny", "denied")])
+def test_a_request_is_approved_by_an_approval_and_denied_by_a_denial(decision, status):
+    assert domain.request_status_after(decision) == status
+
+
+def test_a_decision_with_a_message_yields_a_note_from_its_responder_and_one_without_yields_none():
+    said = RespondToApproval(session_id="s1", request_id="apr_1", decision="deny", args_digest="d1",
+                             message="use the other account", responder="ann")
+    silent = RespondToApproval(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1",
+                               responder="ann")
+    assert domain.note_of(said) == Note("ann", "use the other account")
+    assert domain.note_of(silent) is None
+
+
+def test_a_denied_call_closes_as_denied_by_a_person_with_their_reason():
+    assert domain.closure_of_denial("too risky") == ClosureOnRecord(
+        "denied", output=None, reason_code="denied_by_person", reason_text="too risky")
+
+
+def test_a_deny_without_a_reason_closes_with_no_reason_text_and_reads_without_one():
+    closure = domain.closure_of_denial("")
+    assert closure == ClosureOnRecord("denied", reason_code="denied_by_person", reason_text=None)
+    text = domain.closure_text(closure.kind, closure.output, closure.reason_text)
+    assert text == "The user denied this tool call."
+    assert "Reason:" not in text
+
+
+# --- tool results ---------------------------------------------------------------
+
+
+def a_call(n=1, status="executing", session_id="s1", closure=None, note=None, provider_call_id=None):
+    return Call(id=f"call_{n}", session_id=session_id, step_id="step_1", turn_id="turn_1",
+                provider_call_id=provider_call_id or f"p{n}", tool="send", arguments={"n": n},
+                idempotency_key=f"idk_{n}", status=status, closure=closure, note=note)
+
+
+@pytest.mark.parametrize("call", [None, a_call(session_id="other")], ids=["no such call", "a call of another session"])
+def test_a_tool_report_for_a_call_of_another_session_or_for_none_is_unknown(call):
+    assert domain.judge_tool_report(call, "s1") == "unknown"
+
+
+@pytest.mark.parametrize("status", ["closed", "awaiting_approval"])
+def test_a_tool_report_for_a_call_that_is_not_executing_is_stale(status):
+    assert domain.judge_tool_report(a_call(status=status), "s1") == "stale"
+
+
+def test_a_tool_report_for_an_executing_call_of_its_session_is_applied():
+    assert domain.judge_tool_report(a_call(status="executing"), "s1") == "apply"
+
+
+def executed(outcome, output=None, error=None):
+    return ToolExecuted(session_id="s1", call_id="call_1", outcome=outcome, output=output, error=error)
+
+
+def test_a_tool_output_closes_its_call_with_that_output():
+    assert domain.closure_of_outcome(executed("output", output={"id": 7})) == ClosureOnRecord(
+        "output", output={"id": 7}, reason_code=None, reason_text=None)
+
+
+def test_a_tool_error_closes_its_call_as_tool_failed_with_the_tools_error():
+    assert domain.closure_of_outcome(executed("error", error="HTTP 500")) == ClosureOnRecord(
+        "error", output=None, reason_code="tool_failed", reason_text="HTTP 500")
+
+
+def test_an_outcome_unknown_closes_its_call_as_outcome_unknown_with_the_reports_error_or_else_the_default_text():
+    assert domain.closure_of_outcome(executed("outcome_unknown", error="lease lost")) == ClosureOnRecord(
+        "outcome_unknown", output=None, reason_code="outcome_unknown", reason_text="lease lost")
+    assert domain.closure_of_outcome(executed("outcome_unknown")) == ClosureOnRecord(
+        "outcome_unknown", output=None, reason_code="outcome_unknown",
+        reason_text="The executor stopped mid-call; whether the call happened is unknown.")
+
+
+@pytest.mark.parametrize("kind", domain.CLOSURE_KINDS)
+def test_only_an_outcome_unknown_closure_needs_an_operator(kind):
+    assert domain.needs_operator(ClosureOnRecord(kind)) is (kind == "outcome_unknown")
+
+
+# --- resuming a step and the session's status ---------------------------------
+
+
+def closed(n, kind="output", output="ok", reason_text=None, note=None):
+    return a_call(n, status="closed", closure=ClosureOnRecord(kind, output=output, reason_text=reason_text), note=note)
+
+
+@pytest.mark.parametrize("open_status", ["awaiting_approval", "executing"])
+@pytest.mark.parametrize("waits,status", [(True, "waiting"), (False, "running")])
+def test_while_any_call_of_a_step_is_open_nothing_is_written_and_the_session_waits_on_a_person_or_runs(
+        open_status, waits, status):
+    calls = [closed(1, note=Note("ann", "fine")), a_call(2, status=open_status), closed(3)]
+    assert domain.resume(calls, session_waits=waits) == domain.Resumption(status, None)
+
+
+def test_when_the_last_call_closes_every_closure_is_written_in_the_models_call_order_then_every_decision_note():
+    calls = [
+        closed(1, output={"id": 1}, note=Note("ann", "go ahead")),
+        closed(2, kind="denied", output=None, reason_text="too risky", note=Note("bob", "not that one")),
+        closed(3, kind="error", output=None, reason_text="HTTP 500"),
+    ]
+    resumed = domain.resume(calls, session_waits=True)
+    assert resumed.status == "running"
+    assert resumed.entries == [
+        TranscriptEntry(role="tool", call_id="call_1", provider_call_id="p1", text='{"id": 1}', closure="output"),
+        TranscriptEntry(role="tool", call_id="call_2", provider_call_id="p2",
+                        text="The user denied this tool call. Reason: too risky", closure="denied"),
+        TranscriptEntry(role="tool", call_id="call_3", provider_call_id="p3", text="Error: HTTP 500", closure="error"),
+        TranscriptEntry(role="user", text="[ann, with their decision] go ahead"),
+        TranscriptEntry(role="user", text="[bob, with their decision] not that one"),
+    ]
+
+
+def test_a_step_whose_calls_all_closed_without_notes_writes_only_their_closures():
+    resumed = domain.resume([closed(2), closed(1)], session_waits=False)
+    assert [(e.role, e.call_id) for e in resumed.entries] == [("tool", "call_2"), ("tool", "call_1")]
+
+
+def test_a_closed_call_without_a_closure_on_record_is_a_bug_and_stops_the_resumption():
+    with pytest.raises(AssertionError, match="call_1"):
+        domain.resume([a_call(1, status="closed")], session_waits=False)
+
+
+def test_session_status_is_waiting_while_any_request_is_open_and_running_otherwise():
+    assert domain.session_status(waiting=True) == "waiting"
+    assert domain.session_status(waiting=False) == "running"
+
+
+# --- what the model reads -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("output", '{"ok": true}'),
+    ("denied", "The user denied this tool call. Reason: too risky"),
+    ("error", "Error: too risky"),
+    ("expired", "Expired: too risky"),
+    ("cancelled", "Cancelled: too risky"),
+])
+def test_every_closure_reads_as_one_honest_tool_result(kind, expected):
+    entry = domain.closure_entry(call_id="c", provider_call_id="p", tool="t", kind=kind,
+                                 output={"ok": True}, reason_text="too risky")
+    assert entry == TranscriptEntry(role="tool", call_id="c", provider_call_id="p", text=expected, closure=kind)
+
+
+@pytest.mark.parametrize("kind", ["error", "expired", "cancelled"])
+def test_a_closure_without_a_reason_says_no_reason_was_given(kind):
+    assert domain.closure_text(kind, None, None) == f"{kind.capitalize()}: no reason given"
+
+
+def test_a_text_output_reads_as_itself_and_any_other_output_as_json_keeping_non_ascii_and_showing_anything_else():
+    assert domain.closure_text("output", "plain text", None) == "plain text"
+    assert domain.closure_text("output", {"name": "Zoë", "at": datetime(2026, 1, 1, tzinfo=UTC)}, None) == (
+        '{"name": "Zoë", "at": "2026-01-01 00:00:00+00:00"}')
+    assert domain.closure_text("output", [1, 2], "ignored") == "[1, 2]"
+
+
+def test_an_outcome_unknown_closure_tells_the_model_it_may_have_run_and_will_not_be_retried():
+    text = domain.closure_text("outcome_unknown", None, "lease lost")
+    assert text == ("Error: the tool may or may not have run (its executor stopped mid-call); "
+                    "it will not be retried automatically and an operator was told.")
+    entry = domain.closure_entry(call_id="c", provider_call_id="p", tool="t", kind="outcome_unknown",
+                                 output=None, reason_text=None)
+    assert (entry.text, entry.closure) == (text, "outcome_unknown")
+
+
+def test_an_unknown_closure_kind_is_refused():
+    with pytest.raises(ValueError, match="'maybe'"):
+        domain.closure_entry(call_id="c", provider_call_id="p", tool="t", kind="maybe", output=None, reason_text=None)
+
+
+def test_a_decision_note_is_said_to_the_model_as_the_responders_words_with_their_decision():
+    assert domain.decision_note(Note("ann", "use the other account")) == TranscriptEntry(
+        role="user", text="[ann, with their decision] use the other account")
+
+
+# --- the card and the digest a decision is bound to (invariant 6) -------------
 
 
 def test_the_card_redacts_credentials_and_names_the_target():
@@ -64,51 +331,3 @@ def test_the_card_redacts_credentials_and_names_the_target():
 def test_the_digest_binds_the_exact_arguments_whatever_their_key_order():
     assert arguments_digest({"a": 1, "b": [1, 2]}) == arguments_digest({"b": [1, 2], "a": 1})
     assert arguments_digest({"a": 1}) != arguments_digest({"a": 2})
-
-
-@pytest.mark.parametrize("kind,expected", [
-    ("output", '{"ok": true}'),
-    ("denied", "The user denied this tool call. Reason: too risky"),
-    ("error", "Error: too risky"),
-    ("expired", "Expired: too risky"),
-])
-def test_every_closure_reads_as_one_honest_tool_result(kind, expected):
-    entry = domain.closure_entry(call_id="c", provider_call_id="p", tool="t", kind=kind,
-                                 output={"ok": True}, reason_text="too risky")
-    assert (entry.role, entry.call_id, entry.closure, entry.text) == ("tool", "c", kind, expected)
-
-
-def test_an_unknown_closure_kind_is_refused():
-    with pytest.raises(ValueError):
-        domain.closure_entry(call_id="c", provider_call_id="p", tool="t", kind="maybe", output=None, reason_text=None)
-
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def claim(status="claimed", expires=NOW + timedelta(seconds=5), attempts=1, outcome=None):
-    return ExecutionClaim(call_id="c", idempotency_key="k", status=status, holder="h", lease_expires_at=expires,
-                          attempts=attempts, outcome=outcome, result={"output": 1}, claimed_at=NOW)
-
-
-def test_an_unclaimed_call_runs_and_a_finished_one_reports_its_recorded_result():
-    assert decide(None, effect="outward", at=NOW).action == "run"
-    finished = decide(claim(status="finished", outcome="output"), effect="outward", at=NOW)
-    assert (finished.action, finished.outcome, finished.result) == ("report", "output", {"output": 1})
-
-
-def test_a_live_claim_is_waited_for():
-    assert decide(claim(), effect="read", at=NOW).action == "wait"
-
-
-def test_a_dead_holders_outward_call_is_lost_but_a_read_or_idempotent_call_is_retried_with_the_next_attempt():
-    expired = claim(expires=NOW - timedelta(seconds=1), attempts=1)
-    assert decide(expired, effect="outward", at=NOW).action == "lost"
-    for effect in ("read", "idempotent"):
-        retry = decide(expired, effect=effect, at=NOW)
-        assert (retry.action, retry.attempt) == ("run", 2)
-
-
-def test_session_status_is_waiting_while_any_request_is_open():
-    assert domain.session_status(waiting=True) == "waiting"
-    assert domain.session_status(waiting=False) == "running"

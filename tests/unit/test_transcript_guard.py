@@ -3,8 +3,6 @@
 import logging
 import re
 
-import pytest
-
 from services.model_step.transcript_guard import NEVER_CLOSED, heal
 from shared.messages import TranscriptCall, TranscriptEntry
 
@@ -176,8 +174,6 @@ def test_a_result_with_a_call_id_closes_that_call_whatever_provider_id_it_carrie
     assert [(e.call_id, e.text) for e in healed[2:]] == [("call_1", "first"), ("call_2", "second")]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an earlier call with the same provider id and no result of its own "
-                                      "takes the later call's adjacent result")
 def test_a_result_without_a_call_id_next_to_a_later_call_with_the_same_provider_id_stays_with_it():
     transcript = [
         user("go"),
@@ -187,6 +183,18 @@ def test_a_result_without_a_call_id_next_to_a_later_call_with_the_same_provider_
         legacy_result("Bash_0", "two"),
     ]
     assert [e.text for e in heal(transcript, "ses_1")] == ["go", "", NEVER_CLOSED, "hm", "", "two"]
+
+
+def test_a_result_in_a_later_calls_run_that_names_an_earlier_call_is_moved_back_to_it_and_the_later_keeps_its_own():
+    transcript = [
+        user("go"),
+        asks(call(1)),
+        user("hm"),
+        asks(call(2)),
+        result(1, text="one"),
+        result(2, text="two"),
+    ]
+    assert [e.text for e in heal(transcript, "ses_1")] == ["go", "", "one", "hm", "", "two"]
 
 
 def words(message):
