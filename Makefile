@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test unit integration crash chaos bench revert-checks install compose-check clean mutation
+.PHONY: run test lint unit integration crash chaos bench revert-checks install compose-check clean mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/signoff demo
 
+# Style, types and formatting of the services and shared code; the import
+# contracts are a unit test (tests/unit/test_import_contracts.py).
+lint: $(STAMP)
+	$(BIN)/ruff check services shared
+	$(BIN)/ruff format --check services shared
+	$(BIN)/mypy
+
 # The broker-restart test restarts the shared RabbitMQ, so it runs alone, last.
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart" tests
 	$(BIN)/python -m pytest -q -m broker_restart tests
 
@@ -49,9 +56,9 @@ compose-check: $(STAMP)
 # Mutation testing of the pure rules with tests/unit alone; not part of `make test`.
 # mutmut mutates a copy in mutants/ (the working tree is never touched), then this
 # prints one score per unit: killed (or timed out) / mutants made. A unit is a prefix
-# of mutmut's mutant names (claims.py: `decide` alone; its Claims class needs a database).
+# of mutmut's mutant names (claims.py: its pure functions; the Claims class needs a database).
 # To add a module: list its file under [tool.mutmut] only_mutate in pyproject.toml and
-# its prefix here, e.g., once its restructuring has landed, services.approval_ledger.domain.
+# its prefix here.
 MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ services.tool_executor.claims.x_fresh_claim_ \
 	services.tool_executor.claims.x_retaken_claim_ services.tool_executor.claims.x_renewed_lease_ \
 	services.tool_executor.claims.x_lost_call_ shared.catalogue. \
@@ -69,7 +76,7 @@ mutation: $(STAMP)
 		    total[i]++; if (status == "killed" || status == "timeout") killed[i]++; \
 		    else left[i] = left[i] "    " status ": " name "\n" } } \
 		END { for (i = 1; i <= n; i++) { \
-		    printf "%-45s %4d/%-4d %5.1f %%\n", unit[i] "*", killed[i], total[i], total[i] ? 100 * killed[i] / total[i] : 0; \
+		    printf "%-58s %4d/%-4d %5.1f %%\n", unit[i] "*", killed[i], total[i], total[i] ? 100 * killed[i] / total[i] : 0; \
 		    printf "%s", left[i] } }'
 	@echo "survivors: $(BIN)/mutmut show NAME (run from this directory); log: mutants/run.log"
 

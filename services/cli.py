@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--reason", required=True)
     deny.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
 
-    dead = commands.add_parser("dead-letters", help="list parked (dead-lettered) messages with their reasons; "
-                                                    "they stay parked")
+    dead = commands.add_parser(
+        "dead-letters", help="list parked (dead-lettered) messages with their reasons; they stay parked"
+    )
     dead.add_argument("--limit", type=int, default=100, help="show at most this many (default 100)")
 
     args = parser.parse_args(argv)

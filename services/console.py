@@ -16,10 +16,10 @@ from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
 from services.supervisor import Supervisor
-from shared.ledger.database import create_engine, migrate, sessionmaker
-from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.consuming import declare, publish
 from shared.dead_letters import describe as describe_parked
+from shared.ledger.database import create_engine, migrate, sessionmaker
+from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
@@ -61,8 +61,9 @@ class Console:
 
     async def watch(self, session_id: str = "*") -> aio_pika.abc.AbstractQueue:
         """A private queue of this session's events (bind before acting, so none is missed)."""
-        exchange = await self.channel.declare_exchange(self.topology.events.name, aio_pika.ExchangeType.TOPIC,
-                                                       durable=True)
+        exchange = await self.channel.declare_exchange(
+            self.topology.events.name, aio_pika.ExchangeType.TOPIC, durable=True
+        )
         queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(exchange, routing_key=f"#.{session_id}" if session_id != "*" else "#")
         return queue
@@ -71,14 +72,20 @@ class Console:
         async with self.sessions() as db:
             return await db.get(ApprovalRequest, request_id)
 
-    async def respond(self, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str,
-                      responder: str) -> str:
+    async def respond(
+        self, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str, responder: str
+    ) -> str:
         request = await self.request(request_id)
         if request is None:
             raise SystemExit(f"signoff: no approval request {request_id}")
         response = RespondToApproval(
-            session_id=request.session_id, request_id=request.id, decision=decision,
-            args_digest=request.args_digest, reason=reason, message=message, responder=responder,
+            session_id=request.session_id,
+            request_id=request.id,
+            decision=decision,
+            args_digest=request.args_digest,
+            reason=reason,
+            message=message,
+            responder=responder,
         )
         await self.send(response)
         return response.message_id
@@ -102,8 +109,9 @@ async def migrate_only(settings: Settings) -> int:
     return 0
 
 
-async def start_session(settings: Settings, text: str, session_id: str | None, wait: bool,
-                        provider: str | None = None) -> int:
+async def start_session(
+    settings: Settings, text: str, session_id: str | None, wait: bool, provider: str | None = None
+) -> int:
     session_id = session_id or mint("ses")
     async with Console(settings) as console:
         queue = await console.watch(session_id) if wait else None
@@ -131,19 +139,28 @@ async def show_session(settings: Settings, session_id: str) -> int:
                 print(f"signoff: no session {session_id}", file=sys.stderr)
                 return 1
             print(f"session {session.id}: {session.status}")
-            for row in await db.scalars(select(TranscriptRow).where(TranscriptRow.session_id == session_id)
-                                        .order_by(TranscriptRow.position)):
+            for row in await db.scalars(
+                select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
+            ):
                 entry = row.entry
-                calls = "".join(f"\n      → {c['name']}({json.dumps(c['arguments'])}) [{c['call_id']}]"
-                                for c in entry.get("tool_calls", []))
+                calls = "".join(
+                    f"\n      → {c['name']}({json.dumps(c['arguments'])}) [{c['call_id']}]"
+                    for c in entry.get("tool_calls", [])
+                )
                 closure = f" [{entry['closure']} for {entry['call_id']}]" if entry.get("closure") else ""
                 print(f"  {row.position:3d} {entry['role']:9s}{closure} {entry.get('text', '')}{calls}")
-            pending = (await db.scalars(select(ApprovalRequest).where(
-                ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending"))).all()
+            pending = (
+                await db.scalars(
+                    select(ApprovalRequest).where(
+                        ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending"
+                    )
+                )
+            ).all()
             for request in pending:
                 print_card(request.id, request.card, request.args_digest)
-            attempts = (await db.scalars(select(ProviderAttemptRow).where(
-                ProviderAttemptRow.session_id == session_id))).all()
+            attempts = (
+                await db.scalars(select(ProviderAttemptRow).where(ProviderAttemptRow.session_id == session_id))
+            ).all()
             tokens = sum(a.input_tokens + a.output_tokens for a in attempts)
             print(f"  provider attempts: {len(attempts)}, tokens: {tokens}")
     finally:
@@ -155,7 +172,9 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
     engine = create_engine(settings, pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
-            query = select(ApprovalRequest).where(ApprovalRequest.status == "pending").order_by(ApprovalRequest.created_at)
+            query = (
+                select(ApprovalRequest).where(ApprovalRequest.status == "pending").order_by(ApprovalRequest.created_at)
+            )
             if session_id:
                 query = query.where(ApprovalRequest.session_id == session_id)
             requests = (await db.scalars(query)).all()
@@ -169,8 +188,9 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
     return 0
 
 
-async def respond(settings: Settings, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str,
-                  responder: str) -> int:
+async def respond(
+    settings: Settings, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str, responder: str
+) -> int:
     async with Console(settings) as console:
         request = await console.request(request_id)
         if request is not None and request.status != "pending":
@@ -257,7 +277,8 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                         elif event.type == "tool.closed":
                             async with console.sessions() as db:
                                 closure = await db.get(Closure, event.call_id)
-                            say(f"tool ran once and closed as {event.kind}: {json.dumps((closure.output or {}).get('value'))}")
+                            output = json.dumps((closure.output or {}).get("value"))
+                            say(f"tool ran once and closed as {event.kind}: {output}")
                         elif event.type == "turn.completed":
                             say(f"final answer: {event.text}")
                             return 0
@@ -265,7 +286,9 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                             say(f"{event.type}: {event.reason_text}")
                             return 1
         except TimeoutError:
-            print(f"signoff: no answer within {timeout:.0f}s; see the logs in {settings.data_dir / 'logs'}",
-                  file=sys.stderr)
+            print(
+                f"signoff: no answer within {timeout:.0f}s; see the logs in {settings.data_dir / 'logs'}",
+                file=sys.stderr,
+            )
             return 1
     return 1

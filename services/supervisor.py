@@ -86,9 +86,12 @@ class Supervisor:
             else:
                 self.backoff[service] = min(self.BACKOFF_LIMIT, 2 * self.backoff.get(service, 0.25))
             delay = self.backoff.get(service, 0.0)
-            print(f"signoff: {service} exited with {child.returncode}; restarting"
-                  f"{f' in {delay:.1f} s' if delay else ''} (log: {self.log_dir / (service + '.log')})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"signoff: {service} exited with {child.returncode}; restarting"
+                f"{f' in {delay:.1f} s' if delay else ''} (log: {self.log_dir / (service + '.log')})",
+                file=sys.stderr,
+                flush=True,
+            )
             if delay:
                 self.restart_at[service] = now + delay
             else:

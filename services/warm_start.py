@@ -25,6 +25,7 @@ Two users:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -57,8 +58,9 @@ def run_service(service: str) -> int:
     return 0
 
 
-def fork_service(service: str, *, log: str, env: dict[str, str] | None = None, cwd: str | None = None,
-                 new_session: bool = False) -> int:
+def fork_service(
+    service: str, *, log: str, env: dict[str, str] | None = None, cwd: str | None = None, new_session: bool = False
+) -> int:
     """Start `service` in a forked child; return its pid. The child never returns."""
     if service not in SERVICES:
         raise ValueError(f"no service {service!r}; services are: {', '.join(SERVICES)}")
@@ -181,8 +183,9 @@ def serve() -> None:
                     request = json.loads(line)
                     count += 1
                     try:
-                        pid = fork_service(request["service"], log=request["log"], env=request.get("env"),
-                                           cwd=request.get("cwd"))
+                        pid = fork_service(
+                            request["service"], log=request["log"], env=request.get("env"), cwd=request.get("cwd")
+                        )
                     except Exception as error:  # a bad request must not end every other service's parent
                         print(json.dumps({"id": count, "error": repr(error)}), file=replies)
                         continue
@@ -191,10 +194,8 @@ def serve() -> None:
             reap()
     finally:
         for pid in started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.messages import ApprovalCard, ToolDescription
 
 REDACTED = "***redacted***"
-_SECRET_NAME = re.compile(r"(pass(word)?|secret|token|api[_-]?key|authori[sz]ation|credential|cookie|private[_-]?key)", re.I)
+_SECRET_NAME = re.compile(
+    r"(pass(word)?|secret|token|api[_-]?key|authori[sz]ation|credential|cookie|private[_-]?key)", re.I
+)
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -66,7 +68,8 @@ class ToolSpec(BaseModel):
         if isinstance(self.implementation, HttpImplementation):
             url = _render(resolve_secrets(self.implementation.url), redact(arguments))
             parts = urlsplit(url)
-            return f"{self.implementation.method.upper()} {parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+            port = f":{parts.port}" if parts.port else ""
+            return f"{self.implementation.method.upper()} {parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
         if isinstance(self.implementation, PythonImplementation):
             return f"python {self.implementation.function}"
         return "(no implementation)"

@@ -100,8 +100,11 @@ class Inbound:
                 # RabbitMQ would park it after this nack, saying only "delivery_limit":
                 # park it here instead, with the error that kept it from succeeding.
                 log.exception("%s: handling %s failed on its last delivery", self.consumer, message.message_id)
-                await self.dead_letter(raw, DELIVERY_LIMIT, f"failed on all {delivered_before + 1} deliveries; "
-                                                            f"the last error: {type(error).__name__}: {error}")
+                await self.dead_letter(
+                    raw,
+                    DELIVERY_LIMIT,
+                    f"failed on all {delivered_before + 1} deliveries; the last error: {type(error).__name__}: {error}",
+                )
                 return
             log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)
             # A short pause keeps a dead database from turning into a hot loop.
@@ -149,8 +152,9 @@ class Inbound:
 
 def _log_failure(work: asyncio.Future) -> None:
     if not work.cancelled() and work.exception() is not None:
-        log.warning("work finished after its consumer was cancelled, with %r; the redelivery will retry it",
-                    work.exception())
+        log.warning(
+            "work finished after its consumer was cancelled, with %r; the redelivery will retry it", work.exception()
+        )
 
 
 def _describe(error: ValidationError) -> str:

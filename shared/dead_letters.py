@@ -40,8 +40,10 @@ class ParkedMessage:
     parked_at: str
 
     def line(self) -> str:
-        return (f"{self.parked_at}  {self.message_id}  type={self.message_type} session={self.session_id}  "
-                f"consumer={self.consumer}\n    {self.reason}: {self.detail}")
+        return (
+            f"{self.parked_at}  {self.message_id}  type={self.message_type} session={self.session_id}  "
+            f"consumer={self.consumer}\n    {self.reason}: {self.detail}"
+        )
 
 
 def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None) -> ParkedMessage:
@@ -52,8 +54,10 @@ def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None
     detail = _text(headers.get(DETAIL_HEADER))
     consumer = _text(headers.get(CONSUMER_HEADER))
     if not detail and death:
-        detail = (f"parked by RabbitMQ from {_text(death.get('queue'))} after {death.get('count', 1)} time(s); "
-                  "no consumer recorded an error (each delivery may have stopped its consumer)")
+        detail = (
+            f"parked by RabbitMQ from {_text(death.get('queue'))} after {death.get('count', 1)} time(s); "
+            "no consumer recorded an error (each delivery may have stopped its consumer)"
+        )
     parked_at = _text(headers.get(PARKED_AT_HEADER)) or _when(death.get("time"))
     return ParkedMessage(
         message_id=message_id or _text(envelope.get("message_id")) or "?",

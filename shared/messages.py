@@ -237,14 +237,29 @@ class MessageRejected(Envelope):
 LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 Event = Annotated[
-    ApprovalRequested | ApprovalDecided | ToolCallClosed | OperatorAlerted | TurnCompleted | TurnFailed
+    ApprovalRequested
+    | ApprovalDecided
+    | ToolCallClosed
+    | OperatorAlerted
+    | TurnCompleted
+    | TurnFailed
     | MessageRejected,
     Field(discriminator="type"),
 ]
 EVENTS: tuple[type[Envelope], ...] = get_args(get_args(Event)[0])
 AnyMessage = Annotated[
-    StartTurn | RespondToApproval | ModelStepCompleted | ToolExecuted | RequestModelStep | ExecuteTool
-    | ApprovalRequested | ApprovalDecided | ToolCallClosed | OperatorAlerted | TurnCompleted | TurnFailed
+    StartTurn
+    | RespondToApproval
+    | ModelStepCompleted
+    | ToolExecuted
+    | RequestModelStep
+    | ExecuteTool
+    | ApprovalRequested
+    | ApprovalDecided
+    | ToolCallClosed
+    | OperatorAlerted
+    | TurnCompleted
+    | TurnFailed
     | MessageRejected,
     Field(discriminator="type"),
 ]

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("signoff")
 
 HOW_TO_START = {
-    "RabbitMQ": "start it with `rabbitmq-server -detached` (or `docker compose up -d rabbitmq`), or set SIGNOFF_RABBITMQ_URL",
+    "RabbitMQ": "start it with `rabbitmq-server -detached` (or `docker compose up -d rabbitmq`), "
+    "or set SIGNOFF_RABBITMQ_URL",
     "Redis": "start it with `redis-server --daemonize yes` (or `docker compose up -d redis`), or set SIGNOFF_REDIS_URL",
-    "PostgreSQL": "start it with `pg_ctlcluster <version> main start` (or `docker compose up -d postgres`), or set SIGNOFF_DATABASE_URL",
+    "PostgreSQL": "start it with `pg_ctlcluster <version> main start` (or `docker compose up -d postgres`), "
+    "or set SIGNOFF_DATABASE_URL",
 }
 
 
@@ -40,8 +42,9 @@ class Unreachable(SystemExit):
         super().__init__(f"signoff: cannot reach {service} at {address} ({error}); {HOW_TO_START[service]}")
 
 
-def check_reachable(settings: Settings, *, timeout: float = 3.0,
-                    only: tuple[str, ...] = ("RabbitMQ", "Redis", "PostgreSQL")) -> None:
+def check_reachable(
+    settings: Settings, *, timeout: float = 3.0, only: tuple[str, ...] = ("RabbitMQ", "Redis", "PostgreSQL")
+) -> None:
     """Fail fast, naming the service, its address and how to start it."""
     targets = [("RabbitMQ", settings.rabbitmq_url, 5672), ("Redis", settings.redis_url, 6379)]
     if settings.is_postgres:
@@ -102,13 +105,21 @@ class Runtime:
             dedupe_ttl=self.settings.dedupe_ttl_seconds,
         )
 
-    def consume(self, message_type: str, adapter: TypeAdapter[Any], handle: Callable[[Any], Awaitable[None]], *,
-                redis_fast_path: bool = True) -> None:
+    def consume(
+        self,
+        message_type: str,
+        adapter: TypeAdapter[Any],
+        handle: Callable[[Any], Awaitable[None]],
+        *,
+        redis_fast_path: bool = True,
+    ) -> None:
         """Subscribe one handler to the queue of one inbound message type."""
         inbound = self.inbound(self.name, redis_fast_path=redis_fast_path)
 
         @self.broker.subscriber(
-            self.topology.inbound_queue(message_type), self.topology.commands, ack_policy=AckPolicy.MANUAL,
+            self.topology.inbound_queue(message_type),
+            self.topology.commands,
+            ack_policy=AckPolicy.MANUAL,
             decoder=_the_message_itself,
         )
         async def entrypoint(message) -> None:

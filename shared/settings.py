@@ -66,7 +66,7 @@ class Settings(BaseSettings):
             ("sqlite:///", "sqlite+aiosqlite:///"),
         ):
             if url.startswith(plain):
-                return driver + url[len(plain):]
+                return driver + url[len(plain) :]
         return url
 
     @property

@@ -158,7 +158,11 @@ def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> l
         if errors:
             plans.append(
                 CallPlan(
-                    call, "close", spec, "invalid_arguments", f"Invalid arguments for {call.name!r}: " + "; ".join(errors)
+                    call,
+                    "close",
+                    spec,
+                    "invalid_arguments",
+                    f"Invalid arguments for {call.name!r}: " + "; ".join(errors),
                 )
             )
             continue
@@ -223,8 +227,9 @@ def closure_of_outcome(report: ToolExecuted) -> ClosureOnRecord:
         return ClosureOnRecord("output", output=report.output)
     if report.outcome == "error":
         return ClosureOnRecord("error", reason_code="tool_failed", reason_text=report.error)
-    return ClosureOnRecord("outcome_unknown", reason_code="outcome_unknown",
-                           reason_text=report.error or OUTCOME_UNKNOWN_TEXT)
+    return ClosureOnRecord(
+        "outcome_unknown", reason_code="outcome_unknown", reason_text=report.error or OUTCOME_UNKNOWN_TEXT
+    )
 
 
 def needs_operator(closure: ClosureOnRecord) -> bool:
@@ -256,8 +261,16 @@ def resume(calls: Sequence[Call], *, session_waits: bool) -> Resumption:
     for call in calls:
         closure = call.closure
         assert closure is not None, f"closed call {call.id} without a closure"
-        entries.append(closure_entry(call_id=call.id, provider_call_id=call.provider_call_id, tool=call.tool,
-                                     kind=closure.kind, output=closure.output, reason_text=closure.reason_text))
+        entries.append(
+            closure_entry(
+                call_id=call.id,
+                provider_call_id=call.provider_call_id,
+                tool=call.tool,
+                kind=closure.kind,
+                output=closure.output,
+                reason_text=closure.reason_text,
+            )
+        )
     entries.extend(decision_note(call.note) for call in calls if call.note is not None)
     return Resumption("running", entries)
 

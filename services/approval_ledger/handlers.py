@@ -81,8 +81,9 @@ async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | No
 
 
 @transition
-async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: SessionState | None,
-                               report: ModelStepCompleted) -> None:
+async def model_step_completed(
+    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, report: ModelStepCompleted
+) -> None:
     loaded = await reads.step(uow, report.step_id, report.session_id)
     judged = domain.judge_step_report(loaded.step if session else None, report.session_id, report.attempts)
     if judged.refusal:
@@ -98,17 +99,38 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
     session.updated_at = uow.now
     if report.error is not None:
         records.end_turn(uow, session, step.turn_id, "failed")
-        uow.emit(session, TurnFailed(session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id,
-                                     reason_code="provider_failed", reason_text=report.error))
+        uow.emit(
+            session,
+            TurnFailed(
+                session_id=session.id,
+                causation_id=report.message_id,
+                turn_id=step.turn_id,
+                reason_code="provider_failed",
+                reason_text=report.error,
+            ),
+        )
         return
     calls = [_new_call(session, step, proposed) for proposed in report.tool_calls]
-    records.append(uow, session, TranscriptEntry(role="assistant", text=report.text, tool_calls=[
-        TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=c.arguments)
-        for c in calls]))
+    records.append(
+        uow,
+        session,
+        TranscriptEntry(
+            role="assistant",
+            text=report.text,
+            tool_calls=[
+                TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=c.arguments)
+                for c in calls
+            ],
+        ),
+    )
     if not calls:
         records.end_turn(uow, session, step.turn_id, "completed", report.text)
-        uow.emit(session, TurnCompleted(session_id=session.id, causation_id=report.message_id,
-                                        turn_id=step.turn_id, text=report.text))
+        uow.emit(
+            session,
+            TurnCompleted(
+                session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id, text=report.text
+            ),
+        )
         return
     earlier = await reads.pending_request_ids(uow, session.id) if loaded.session_waits else []
     pending = await _plan_and_record_calls(ledger, uow, session, calls, earlier, report)
@@ -117,13 +139,27 @@ async def model_step_completed(ledger: Ledger, uow: UnitOfWork, session: Session
 
 
 def _new_call(session: SessionState, step: domain.Step, proposed: ProposedToolCall) -> domain.Call:
-    return domain.Call(id=mint("call"), session_id=session.id, step_id=step.id, turn_id=step.turn_id,
-                       provider_call_id=proposed.provider_call_id, tool=proposed.name, arguments=proposed.arguments,
-                       idempotency_key=mint("idk"), status="executing")
+    return domain.Call(
+        id=mint("call"),
+        session_id=session.id,
+        step_id=step.id,
+        turn_id=step.turn_id,
+        provider_call_id=proposed.provider_call_id,
+        tool=proposed.name,
+        arguments=proposed.arguments,
+        idempotency_key=mint("idk"),
+        status="executing",
+    )
 
 
-async def _plan_and_record_calls(ledger: Ledger, uow: UnitOfWork, session: SessionState, calls: list[domain.Call],
-                                 earlier: list[str], cause: ModelStepCompleted) -> list[str]:
+async def _plan_and_record_calls(
+    ledger: Ledger,
+    uow: UnitOfWork,
+    session: SessionState,
+    calls: list[domain.Call],
+    earlier: list[str],
+    cause: ModelStepCompleted,
+) -> list[str]:
     """Ask, run or close each new call as planned; the session's pending request ids after it.
 
     The session waits on every pending request and each `approval.requested` names
@@ -141,8 +177,9 @@ async def _plan_and_record_calls(ledger: Ledger, uow: UnitOfWork, session: Sessi
         elif plan.action == "ask":
             assert plan.spec is not None
             call.status = "awaiting_approval"
-            records.approval_request(uow, session, call, request_ids[call.id], plan.spec.card(call.arguments), digest,
-                                     pending, cause)
+            records.approval_request(
+                uow, session, call, request_ids[call.id], plan.spec.card(call.arguments), digest, pending, cause
+            )
         else:
             records.execution(uow, session, call, cause, stored=False)
         records.new_call(uow, call, position, digest)
@@ -150,8 +187,9 @@ async def _plan_and_record_calls(ledger: Ledger, uow: UnitOfWork, session: Sessi
 
 
 @transition
-async def respond_to_approval(ledger: Ledger, uow: UnitOfWork, session: SessionState | None,
-                              response: RespondToApproval) -> None:
+async def respond_to_approval(
+    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, response: RespondToApproval
+) -> None:
     request, step = await reads.request_and_calls(uow, response.request_id, response.session_id)
     refused = domain.judge_response(request if session else None, response)
     if refused:
@@ -161,13 +199,31 @@ async def respond_to_approval(ledger: Ledger, uow: UnitOfWork, session: SessionS
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     uow.update(records.APPROVAL_REQUESTS, request.id, status=domain.request_status_after(response.decision))
-    uow.add(records.DECISIONS, {"request_id": request.id, "decision": response.decision, "reason": response.reason,
-                                "message": response.message, "responder": response.responder,
-                                "message_id": response.message_id, "decided_at": uow.now})
+    uow.add(
+        records.DECISIONS,
+        {
+            "request_id": request.id,
+            "decision": response.decision,
+            "reason": response.reason,
+            "message": response.message,
+            "responder": response.responder,
+            "message_id": response.message_id,
+            "decided_at": uow.now,
+        },
+    )
     call.note = domain.note_of(response)
-    uow.emit(session, ApprovalDecided(session_id=session.id, causation_id=response.message_id, request_id=request.id,
-                                      call_id=call.id, decision=response.decision, reason=response.reason,
-                                      responder=response.responder))
+    uow.emit(
+        session,
+        ApprovalDecided(
+            session_id=session.id,
+            causation_id=response.message_id,
+            request_id=request.id,
+            call_id=call.id,
+            decision=response.decision,
+            reason=response.reason,
+            responder=response.responder,
+        ),
+    )
     session.updated_at = uow.now
     if response.decision == "approve":
         records.execution(uow, session, call, response)

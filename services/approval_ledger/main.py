@@ -8,12 +8,12 @@ from functools import partial
 from pydantic import TypeAdapter
 
 from shared.catalogue import load_catalogue
+from shared.ledger.database import create_engine, migrate, notify_channel
 from shared.messages import ModelStepCompleted, RespondToApproval, StartTurn, ToolExecuted
 from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
-from shared.ledger.database import create_engine, migrate, notify_channel
 from .handlers import Ledger
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.

@@ -59,10 +59,21 @@ _SIBLINGS = (
     .outerjoin(DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id)
 )
 _CALL_COLUMNS = (
-    TOOL_CALLS.c.id, TOOL_CALLS.c.session_id, TOOL_CALLS.c.step_id, TOOL_CALLS.c.provider_call_id, TOOL_CALLS.c.tool,
-    TOOL_CALLS.c.arguments, TOOL_CALLS.c.idempotency_key, TOOL_CALLS.c.status, STEPS.c.turn_id,
-    CLOSURES.c.kind, CLOSURES.c.output, CLOSURES.c.reason_code, CLOSURES.c.reason_text,
-    DECISIONS.c.responder, DECISIONS.c.message,
+    TOOL_CALLS.c.id,
+    TOOL_CALLS.c.session_id,
+    TOOL_CALLS.c.step_id,
+    TOOL_CALLS.c.provider_call_id,
+    TOOL_CALLS.c.tool,
+    TOOL_CALLS.c.arguments,
+    TOOL_CALLS.c.idempotency_key,
+    TOOL_CALLS.c.status,
+    STEPS.c.turn_id,
+    CLOSURES.c.kind,
+    CLOSURES.c.output,
+    CLOSURES.c.reason_code,
+    CLOSURES.c.reason_text,
+    DECISIONS.c.responder,
+    DECISIONS.c.message,
 )
 # A tool call and the other calls of its step.
 _CALL_AND_SIBLINGS = (
@@ -76,14 +87,18 @@ _CALL_AND_SIBLINGS = (
 _request = APPROVAL_REQUESTS.alias("request")
 _REQUEST_AND_CALLS = (
     select(
-        _request.c.id.label("request_id"), _request.c.session_id.label("request_session_id"),
-        _request.c.status.label("request_status"), _request.c.args_digest.label("request_args_digest"),
+        _request.c.id.label("request_id"),
+        _request.c.session_id.label("request_session_id"),
+        _request.c.status.label("request_status"),
+        _request.c.args_digest.label("request_args_digest"),
         _request.c.call_id.label("request_call_id"),
-        *_CALL_COLUMNS, _session_waits(besides=_request.c.id),
+        *_CALL_COLUMNS,
+        _session_waits(besides=_request.c.id),
     )
     .select_from(
-        _request.join(_target, _target.c.id == _request.c.call_id)
-        .join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id)
+        _request.join(_target, _target.c.id == _request.c.call_id).join(
+            _SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id
+        )
     )
     .where(_request.c.id == bindparam("request_id"))
     .order_by(TOOL_CALLS.c.position)
@@ -121,14 +136,20 @@ async def call_and_siblings(uow: UnitOfWork, call_id: str, session_id: str) -> S
     return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
 
 
-async def request_and_calls(uow: UnitOfWork, request_id: str,
-                            session_id: str) -> tuple[RequestOnRecord | None, StepCalls]:
+async def request_and_calls(
+    uow: UnitOfWork, request_id: str, session_id: str
+) -> tuple[RequestOnRecord | None, StepCalls]:
     rows = (await uow.db.execute(_REQUEST_AND_CALLS, {"request_id": request_id, "session_id": session_id})).all()
     if not rows:
         return None, StepCalls([], False)
     first = rows[0]
-    request = RequestOnRecord(first.request_id, first.request_session_id, first.request_status,
-                              first.request_args_digest, first.request_call_id)
+    request = RequestOnRecord(
+        first.request_id,
+        first.request_session_id,
+        first.request_status,
+        first.request_args_digest,
+        first.request_call_id,
+    )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
 
 
@@ -151,8 +172,15 @@ def _call(row: Row) -> Call:
     if row.kind is not None:
         closure = ClosureOnRecord(row.kind, (row.output or {}).get("value"), row.reason_code, row.reason_text)
     return Call(
-        id=row.id, session_id=row.session_id, step_id=row.step_id, turn_id=row.turn_id,
-        provider_call_id=row.provider_call_id, tool=row.tool, arguments=row.arguments,
-        idempotency_key=row.idempotency_key, status=row.status, closure=closure,
+        id=row.id,
+        session_id=row.session_id,
+        step_id=row.step_id,
+        turn_id=row.turn_id,
+        provider_call_id=row.provider_call_id,
+        tool=row.tool,
+        arguments=row.arguments,
+        idempotency_key=row.idempotency_key,
+        status=row.status,
+        closure=closure,
         note=Note(row.responder, row.message) if row.message else None,
     )

@@ -42,27 +42,41 @@ PROVIDER_ATTEMPTS = TABLES["provider_attempts"]
 
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
-    uow.emit(session, MessageRejected(
-        session_id=message.session_id,
-        causation_id=message.message_id,
-        rejected_message_id=message.message_id,
-        rejected_type=message.type,
-        reason_code=refused.reason_code,
-        reason_text=refused.reason_text,
-    ))
+    uow.emit(
+        session,
+        MessageRejected(
+            session_id=message.session_id,
+            causation_id=message.message_id,
+            rejected_message_id=message.message_id,
+            rejected_type=message.type,
+            reason_code=refused.reason_code,
+            reason_text=refused.reason_text,
+        ),
+    )
 
 
 def append(uow: UnitOfWork, session: SessionState, entry: TranscriptEntry) -> None:
     session.transcript_len += 1
     session.appended.append(entry)
-    uow.add(TRANSCRIPT, {"session_id": session.id, "position": session.transcript_len,
-                         "entry": entry.model_dump(mode="json")})
+    uow.add(
+        TRANSCRIPT,
+        {"session_id": session.id, "position": session.transcript_len, "entry": entry.model_dump(mode="json")},
+    )
 
 
 def new_turn(uow: UnitOfWork, session: SessionState) -> str:
     turn_id = mint("trn")
-    uow.add(TURNS, {"id": turn_id, "session_id": session.id, "status": "running", "final_text": None,
-                    "created_at": uow.now, "completed_at": None})
+    uow.add(
+        TURNS,
+        {
+            "id": turn_id,
+            "session_id": session.id,
+            "status": "running",
+            "final_text": None,
+            "created_at": uow.now,
+            "completed_at": None,
+        },
+    )
     return turn_id
 
 
@@ -71,65 +85,111 @@ def end_turn(uow: UnitOfWork, session: SessionState, turn_id: str, status: str, 
     session.status = "idle"
 
 
-async def step_request(uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue,
-                       cause: Envelope) -> None:
+async def step_request(
+    uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope
+) -> None:
     """A new model step, asked for with the whole transcript."""
     step_id = mint("stp")
-    uow.add(STEPS, {"id": step_id, "session_id": session.id, "turn_id": turn_id, "status": "requested",
-                    "created_at": uow.now, "completed_at": None})
-    uow.emit(session, RequestModelStep(
-        session_id=session.id,
-        causation_id=cause.message_id,
-        step_id=step_id,
-        provider=session.provider,
-        transcript=await reads.transcript(uow, session),
-        tools=catalogue.descriptions(),
-    ))
+    uow.add(
+        STEPS,
+        {
+            "id": step_id,
+            "session_id": session.id,
+            "turn_id": turn_id,
+            "status": "requested",
+            "created_at": uow.now,
+            "completed_at": None,
+        },
+    )
+    uow.emit(
+        session,
+        RequestModelStep(
+            session_id=session.id,
+            causation_id=cause.message_id,
+            step_id=step_id,
+            provider=session.provider,
+            transcript=await reads.transcript(uow, session),
+            tools=catalogue.descriptions(),
+        ),
+    )
     session.status = "running"
 
 
-def attempts(uow: UnitOfWork, step: Step, report_message_id: str,
-             judged: tuple[tuple[ProviderAttempt, str], ...]) -> None:
+def attempts(
+    uow: UnitOfWork, step: Step, report_message_id: str, judged: tuple[tuple[ProviderAttempt, str], ...]
+) -> None:
     for attempt, status in judged:
-        uow.add(PROVIDER_ATTEMPTS, {
-            "session_id": step.session_id,
-            "step_id": step.id,
-            "number": attempt.number,
-            "status": status,
-            "provider": attempt.provider,
-            "input_tokens": attempt.usage.input_tokens,
-            "output_tokens": attempt.usage.output_tokens,
-            "report_message_id": report_message_id,
-            "recorded_at": uow.now,
-        })
+        uow.add(
+            PROVIDER_ATTEMPTS,
+            {
+                "session_id": step.session_id,
+                "step_id": step.id,
+                "number": attempt.number,
+                "status": status,
+                "provider": attempt.provider,
+                "input_tokens": attempt.usage.input_tokens,
+                "output_tokens": attempt.usage.output_tokens,
+                "report_message_id": report_message_id,
+                "recorded_at": uow.now,
+            },
+        )
 
 
 def new_call(uow: UnitOfWork, call: Call, position: int, args_digest: str) -> None:
     """Inserted with the status it ends this transition in."""
-    uow.add(TOOL_CALLS, {
-        "id": call.id, "session_id": call.session_id, "step_id": call.step_id, "position": position,
-        "provider_call_id": call.provider_call_id, "tool": call.tool, "arguments": call.arguments,
-        "args_digest": args_digest, "status": call.status, "idempotency_key": call.idempotency_key,
-        "created_at": uow.now,
-    })
+    uow.add(
+        TOOL_CALLS,
+        {
+            "id": call.id,
+            "session_id": call.session_id,
+            "step_id": call.step_id,
+            "position": position,
+            "provider_call_id": call.provider_call_id,
+            "tool": call.tool,
+            "arguments": call.arguments,
+            "args_digest": args_digest,
+            "status": call.status,
+            "idempotency_key": call.idempotency_key,
+            "created_at": uow.now,
+        },
+    )
 
 
-def approval_request(uow: UnitOfWork, session: SessionState, call: Call, request_id: str, card: ApprovalCard,
-                     args_digest: str, pending_request_ids: list[str], cause: Envelope) -> None:
-    uow.add(APPROVAL_REQUESTS, {
-        "id": request_id, "call_id": call.id, "session_id": session.id, "status": "pending",
-        "args_digest": args_digest, "card": card.model_dump(mode="json"), "created_at": uow.now,
-    })
-    uow.emit(session, ApprovalRequested(
-        session_id=session.id,
-        causation_id=cause.message_id,
-        request_id=request_id,
-        call_id=call.id,
-        step_id=call.step_id,
-        card=card,
-        args_digest=args_digest,
-        pending_request_ids=pending_request_ids,
-    ))
+def approval_request(
+    uow: UnitOfWork,
+    session: SessionState,
+    call: Call,
+    request_id: str,
+    card: ApprovalCard,
+    args_digest: str,
+    pending_request_ids: list[str],
+    cause: Envelope,
+) -> None:
+    uow.add(
+        APPROVAL_REQUESTS,
+        {
+            "id": request_id,
+            "call_id": call.id,
+            "session_id": session.id,
+            "status": "pending",
+            "args_digest": args_digest,
+            "card": card.model_dump(mode="json"),
+            "created_at": uow.now,
+        },
+    )
+    uow.emit(
+        session,
+        ApprovalRequested(
+            session_id=session.id,
+            causation_id=cause.message_id,
+            request_id=request_id,
+            call_id=call.id,
+            step_id=call.step_id,
+            card=card,
+            args_digest=args_digest,
+            pending_request_ids=pending_request_ids,
+        ),
+    )
 
 
 def execution(uow: UnitOfWork, session: SessionState, call: Call, cause: Envelope, *, stored: bool = True) -> None:
@@ -137,51 +197,71 @@ def execution(uow: UnitOfWork, session: SessionState, call: Call, cause: Envelop
     if stored:
         uow.update(TOOL_CALLS, call.id, status="executing")
     call.status = "executing"
-    uow.emit(session, ExecuteTool(
-        session_id=session.id,
-        causation_id=cause.message_id,
-        call_id=call.id,
-        tool=call.tool,
-        arguments=call.arguments,
-        idempotency_key=call.idempotency_key,
-    ))
+    uow.emit(
+        session,
+        ExecuteTool(
+            session_id=session.id,
+            causation_id=cause.message_id,
+            call_id=call.id,
+            tool=call.tool,
+            arguments=call.arguments,
+            idempotency_key=call.idempotency_key,
+        ),
+    )
 
 
-def closure(uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope, *,
-            stored: bool = True) -> None:
+def closure(
+    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope, *, stored: bool = True
+) -> None:
     """Close a call: its status and its one closure row (invariant 3), and say so."""
     if stored:
         uow.update(TOOL_CALLS, call.id, status="closed")
     call.status = "closed"
     call.closure = closed
-    uow.add(CLOSURES, {
-        "call_id": call.id,
-        "session_id": session.id,
-        "kind": closed.kind,
-        "reason_code": closed.reason_code,
-        "reason_text": closed.reason_text,
-        "output": None if closed.output is None else {"value": closed.output},
-        "created_at": uow.now,
-    })
-    uow.emit(session, ToolCallClosed(
-        session_id=session.id,
-        causation_id=cause.message_id,
-        call_id=call.id,
-        kind=closed.kind,
-        reason_code=closed.reason_code,
-        reason_text=closed.reason_text,
-    ))
+    uow.add(
+        CLOSURES,
+        {
+            "call_id": call.id,
+            "session_id": session.id,
+            "kind": closed.kind,
+            "reason_code": closed.reason_code,
+            "reason_text": closed.reason_text,
+            "output": None if closed.output is None else {"value": closed.output},
+            "created_at": uow.now,
+        },
+    )
+    uow.emit(
+        session,
+        ToolCallClosed(
+            session_id=session.id,
+            causation_id=cause.message_id,
+            call_id=call.id,
+            kind=closed.kind,
+            reason_code=closed.reason_code,
+            reason_text=closed.reason_text,
+        ),
+    )
 
 
-def operator_alert(uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord,
-                   cause: Envelope) -> None:
-    uow.emit(session, OperatorAlerted(session_id=session.id, causation_id=cause.message_id, call_id=call.id,
-                                      tool=call.tool, reason_code=closed.reason_code or closed.kind,
-                                      reason_text=closed.reason_text or ""))
+def operator_alert(
+    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope
+) -> None:
+    uow.emit(
+        session,
+        OperatorAlerted(
+            session_id=session.id,
+            causation_id=cause.message_id,
+            call_id=call.id,
+            tool=call.tool,
+            reason_code=closed.reason_code or closed.kind,
+            reason_text=closed.reason_text or "",
+        ),
+    )
 
 
-async def resumption(uow: UnitOfWork, session: SessionState, turn_id: str, resumed: Resumption,
-                     catalogue: ToolCatalogue, cause: Envelope) -> None:
+async def resumption(
+    uow: UnitOfWork, session: SessionState, turn_id: str, resumed: Resumption, catalogue: ToolCatalogue, cause: Envelope
+) -> None:
     """The step's calls as this transition leaves them: the session's status, or
     (the step done) its closures and notes, then the next model step."""
     session.status = resumed.status

@@ -19,11 +19,10 @@ from sqlalchemy import Connection, Table, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import faults
-from shared.messages import Envelope, TranscriptEntry, now
-from shared.topology import Topology
-
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
+from shared.messages import Envelope, TranscriptEntry, now
+from shared.topology import Topology
 
 SESSIONS = TABLES["sessions"]
 INBOX = TABLES["inbox"]
@@ -31,8 +30,16 @@ OUTBOX = TABLES["outbox"]
 # The tables a transition inserts into, parents before children (foreign keys).
 INSERT_ORDER: tuple[Table, ...] = tuple(
     TABLES[name]
-    for name in ("turns", "steps", "tool_calls", "approval_requests", "decisions", "closures", "provider_attempts",
-                 "transcript")
+    for name in (
+        "turns",
+        "steps",
+        "tool_calls",
+        "approval_requests",
+        "decisions",
+        "closures",
+        "provider_attempts",
+        "transcript",
+    )
 )
 
 _LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
@@ -41,14 +48,18 @@ _INSERT_SESSION = {dialect: insert_unless_present(SESSIONS, "id", dialect) for d
 # On PostgreSQL the same statement queues the publisher's NOTIFY, delivered on commit only.
 _INBOX_INSERT = {
     ("postgresql", False): insert_unless_present(INBOX, "message_id", "postgresql"),
-    ("postgresql", True): insert_unless_present(INBOX, "message_id", "postgresql")
-    .returning(func.pg_notify(bindparam("channel"), "")),
+    ("postgresql", True): insert_unless_present(INBOX, "message_id", "postgresql").returning(
+        func.pg_notify(bindparam("channel"), "")
+    ),
     ("sqlite", False): insert_unless_present(INBOX, "message_id", "sqlite"),
 }
 _INSERT = {table: table.insert() for table in (OUTBOX, *INSERT_ORDER)}
 # The SET clause is the parameters' column names; every updated table has an `id` key.
-_UPDATE_BY_ID = {table: table.update().where(table.c.id == bindparam("id_")) for table in (SESSIONS, *INSERT_ORDER)
-                 if "id" in table.c}
+_UPDATE_BY_ID = {
+    table: table.update().where(table.c.id == bindparam("id_"))
+    for table in (SESSIONS, *INSERT_ORDER)
+    if "id" in table.c
+}
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 
@@ -117,10 +128,19 @@ class UnitOfWork:
         seeing what the first committed, instead of both inserting and one failing
         on the primary key."""
         if create_with_provider is not None:
-            await self.db.execute(_INSERT_SESSION[self.db.dialect.name], {
-                "id": session_id, "status": "idle", "provider": create_with_provider, "event_seq": 0,
-                "transcript_len": 0, "status_reason": None, "created_at": self.now, "updated_at": self.now,
-            })
+            await self.db.execute(
+                _INSERT_SESSION[self.db.dialect.name],
+                {
+                    "id": session_id,
+                    "status": "idle",
+                    "provider": create_with_provider,
+                    "event_seq": 0,
+                    "transcript_len": 0,
+                    "status_reason": None,
+                    "created_at": self.now,
+                    "updated_at": self.now,
+                },
+            )
         row = (await self.db.execute(_LOCK_SESSION, {"session_id": session_id})).first()
         if row is None:
             return None
@@ -171,16 +191,18 @@ class UnitOfWork:
             session.event_seq += 1
             message = message.model_copy(update={"sequence": session.event_seq})
         exchange, routing_key = self._topology.route(message)
-        self._outbox.append({
-            "message_id": message.message_id,
-            "session_id": message.session_id,
-            "message_type": message.type,
-            "exchange": exchange,
-            "routing_key": routing_key,
-            "body": message.model_dump_json(),
-            "created_at": self.now,
-            "sent_at": None,
-        })
+        self._outbox.append(
+            {
+                "message_id": message.message_id,
+                "session_id": message.session_id,
+                "message_type": message.type,
+                "exchange": exchange,
+                "routing_key": routing_key,
+                "body": message.model_dump_json(),
+                "created_at": self.now,
+                "sent_at": None,
+            }
+        )
         return message
 
     async def flush(self, *, final: bool = False) -> None:
@@ -205,13 +227,16 @@ class UnitOfWork:
         if not final:
             return
         if session is not None and session.written() != session.stored:
-            db.execute(_UPDATE_BY_ID[SESSIONS], {
-                "id_": session.id,
-                "status": session.status,
-                "event_seq": session.event_seq,
-                "transcript_len": session.transcript_len,
-                "updated_at": session.updated_at,
-            })
+            db.execute(
+                _UPDATE_BY_ID[SESSIONS],
+                {
+                    "id_": session.id,
+                    "status": session.status,
+                    "event_seq": session.event_seq,
+                    "transcript_len": session.transcript_len,
+                    "updated_at": session.updated_at,
+                },
+            )
             session.stored = session.written()
         if self._notify_channel and not self._notified:
             # NOTIFY is delivered on commit only, so the publisher never wakes for a rollback.

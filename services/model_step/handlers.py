@@ -42,8 +42,12 @@ async def request_model_step(
     # after reporting, which the ledger tells apart): counted, not forgotten (invariant 7).
     lost = previous_deliveries.get()
     attempts: list[ProviderAttempt] = [
-        ProviderAttempt(number=n, status="abandoned", provider=request.provider,
-                        error="the model-step stopped before this attempt was reported")
+        ProviderAttempt(
+            number=n,
+            status="abandoned",
+            provider=request.provider,
+            error="the model-step stopped before this attempt was reported",
+        )
         for n in range(1, lost + 1)
     ]
     reply, tool_calls, error = None, [], None
@@ -57,16 +61,32 @@ async def request_model_step(
             reply = await provider.complete(request.session_id, transcript, request.tools)
             tool_calls = ids.normalize(reply.tool_calls)
             ids.commit()
-            attempts.append(ProviderAttempt(number=number, status="completed", provider=provider.name, usage=reply.usage))
+            attempts.append(
+                ProviderAttempt(number=number, status="completed", provider=provider.name, usage=reply.usage)
+            )
             break
         except ProviderError as failure:
             # A retry must give the same calls the same ids (invariant 2).
             ids.rollback()
-            attempts.append(ProviderAttempt(number=number, status="failed", provider=provider.name,
-                                            usage=failure.usage, error=str(failure)[:4000]))
+            attempts.append(
+                ProviderAttempt(
+                    number=number,
+                    status="failed",
+                    provider=provider.name,
+                    usage=failure.usage,
+                    error=str(failure)[:4000],
+                )
+            )
             error = str(failure)[:4000]
-            log.warning("session %s step %s: provider %s attempt %d failed (%s): %s", request.session_id,
-                        request.step_id, provider.name, number, "will retry" if failure.retryable else "final", error)
+            log.warning(
+                "session %s step %s: provider %s attempt %d failed (%s): %s",
+                request.session_id,
+                request.step_id,
+                provider.name,
+                number,
+                "will retry" if failure.retryable else "final",
+                error,
+            )
             if not failure.retryable or number == lost + MAX_ATTEMPTS:
                 break
             await asyncio.sleep(backoff(number - lost, failure.retry_after))

@@ -27,20 +27,25 @@ def to_messages(transcript: list[TranscriptEntry]) -> list[dict[str, Any]]:
         elif entry.role == "tool":
             messages.append({"role": "tool", "tool_call_id": entry.provider_call_id, "content": entry.text})
         elif entry.tool_calls:
-            messages.append({
-                "role": "assistant",
-                # null, not "", beside tool calls: some servers' chat templates
-                # render an empty string as an empty turn.
-                "content": entry.text or None,
-                "tool_calls": [
-                    {
-                        "id": call.provider_call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
-                    }
-                    for call in entry.tool_calls
-                ],
-            })
+            messages.append(
+                {
+                    "role": "assistant",
+                    # null, not "", beside tool calls: some servers' chat templates
+                    # render an empty string as an empty turn.
+                    "content": entry.text or None,
+                    "tool_calls": [
+                        {
+                            "id": call.provider_call_id,
+                            "type": "function",
+                            "function": {
+                                "name": call.name,
+                                "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                            },
+                        }
+                        for call in entry.tool_calls
+                    ],
+                }
+            )
         else:
             messages.append({"role": "assistant", "content": entry.text})
     return messages
@@ -53,8 +58,9 @@ def to_tools(tools: list[ToolDescription]) -> list[dict[str, Any]]:
     ]
 
 
-def request_body(model: str, transcript: list[TranscriptEntry], tools: list[ToolDescription],
-                 max_tokens: int | None = None) -> dict[str, Any]:
+def request_body(
+    model: str, transcript: list[TranscriptEntry], tools: list[ToolDescription], max_tokens: int | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": to_messages(transcript)}
     if tools:  # an empty list is rejected by the hosted API
         body["tools"] = to_tools(tools)
@@ -74,8 +80,10 @@ def _text(content: Any) -> str:
 
 def parse_reply(answer: dict[str, Any], provider: str = "openai") -> ProviderReply:
     usage_part = answer.get("usage") or {}
-    usage = Usage(input_tokens=int(usage_part.get("prompt_tokens") or 0),
-                  output_tokens=int(usage_part.get("completion_tokens") or 0))
+    usage = Usage(
+        input_tokens=int(usage_part.get("prompt_tokens") or 0),
+        output_tokens=int(usage_part.get("completion_tokens") or 0),
+    )
     try:
         message = answer["choices"][0]["message"]
         calls = []
@@ -86,21 +94,33 @@ def parse_reply(answer: dict[str, Any], provider: str = "openai") -> ProviderRep
             if not isinstance(arguments, dict):
                 raise ValueError("tool arguments are not a JSON object")
             # Some local servers send no id at all; the normalizer makes this unique.
-            calls.append(ProposedToolCall(provider_call_id=call.get("id") or f"call_{index}",
-                                          name=function["name"], arguments=arguments))
+            calls.append(
+                ProposedToolCall(
+                    provider_call_id=call.get("id") or f"call_{index}", name=function["name"], arguments=arguments
+                )
+            )
         return ProviderReply(text=_text(message.get("content")), tool_calls=calls, usage=usage)
     except (KeyError, IndexError, TypeError, ValueError) as error:
         # The model may well produce valid JSON on a second try; the tokens of
         # this one were spent all the same (invariant 7).
-        raise ProviderError(f"{provider}: unusable reply ({type(error).__name__}: {error})"[:4000],
-                            retryable=True, usage=usage) from None
+        raise ProviderError(
+            f"{provider}: unusable reply ({type(error).__name__}: {error})"[:4000], retryable=True, usage=usage
+        ) from None
 
 
 class OpenAICompatibleProvider(HttpProvider):
     path = "/chat/completions"
 
-    def __init__(self, *, base_url: str, model: str, api_key: SecretStr | None = None,
-                 timeout_seconds: float = 120.0, max_tokens: int | None = None, name: str = "openai") -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: SecretStr | None = None,
+        timeout_seconds: float = 120.0,
+        max_tokens: int | None = None,
+        name: str = "openai",
+    ) -> None:
         super().__init__(base_url=base_url, model=model, api_key=api_key, timeout_seconds=timeout_seconds, name=name)
         self.max_tokens = max_tokens
 

@@ -74,10 +74,7 @@ class ScriptedProvider:
         # step gets the same reply as the first delivery did.
         step = sum(1 for e in transcript if e.role == "assistant")
         replies = self.script.replies_for(session_id)
-        if step >= len(replies):
-            reply = ScriptedReply(text="(the script has no more replies)")
-        else:
-            reply = replies[step]
+        reply = ScriptedReply(text="(the script has no more replies)") if step >= len(replies) else replies[step]
         calls = [
             ProposedToolCall(provider_call_id=c.id or f"call_{step}_{i}", name=c.name, arguments=c.arguments)
             for i, c in enumerate(reply.tool_calls)
@@ -116,16 +113,22 @@ def build_provider(name: str, script_file: Path, settings: ModelStepSettings | N
         if not settings.openai_model:
             raise SystemExit("the openai provider needs a model: set SIGNOFF_OPENAI_MODEL")
         return OpenAICompatibleProvider(
-            base_url=settings.openai_base_url, model=settings.openai_model, api_key=settings.openai_api_key,
-            timeout_seconds=settings.openai_timeout_seconds, max_tokens=settings.openai_max_tokens,
+            base_url=settings.openai_base_url,
+            model=settings.openai_model,
+            api_key=settings.openai_api_key,
+            timeout_seconds=settings.openai_timeout_seconds,
+            max_tokens=settings.openai_max_tokens,
         )
     from .anthropic_messages import AnthropicProvider
 
     if not settings.anthropic_model or settings.anthropic_api_key is None:
         raise SystemExit("the anthropic provider needs SIGNOFF_ANTHROPIC_MODEL and SIGNOFF_ANTHROPIC_API_KEY")
     return AnthropicProvider(
-        base_url=settings.anthropic_base_url, model=settings.anthropic_model, api_key=settings.anthropic_api_key,
-        version=settings.anthropic_version, max_tokens=settings.anthropic_max_tokens,
+        base_url=settings.anthropic_base_url,
+        model=settings.anthropic_model,
+        api_key=settings.anthropic_api_key,
+        version=settings.anthropic_version,
+        max_tokens=settings.anthropic_max_tokens,
         timeout_seconds=settings.anthropic_timeout_seconds,
     )
 

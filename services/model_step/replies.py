@@ -23,8 +23,9 @@ class ProviderError(Exception):
     """One failed provider attempt. `usage` is what the provider billed for it
     (zero when it never answered); `retry_after` is the provider's own hint."""
 
-    def __init__(self, message: str, *, retryable: bool, usage: Usage | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, usage: Usage | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.usage = usage or Usage()

@@ -59,8 +59,12 @@ class ToolCallIdNormalizer:
                 while self.is_claimed(f"{call.provider_call_id}__{n}"):
                     n += 1
                 assigned = f"{call.provider_call_id}__{n}"
-                log.info("session %s: provider reused tool-call id %s; rewritten to %s",
-                         self.session_id, call.provider_call_id, assigned)
+                log.info(
+                    "session %s: provider reused tool-call id %s; rewritten to %s",
+                    self.session_id,
+                    call.provider_call_id,
+                    assigned,
+                )
                 call = call.model_copy(update={"provider_call_id": assigned})
             self._pending.add(assigned)
             normalized.append(call)

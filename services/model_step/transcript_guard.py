@@ -59,14 +59,24 @@ def heal(transcript: list[TranscriptEntry], session_id: str) -> list[TranscriptE
     """
     tool_indices = [i for i, e in enumerate(transcript) if e.role == "tool"]
     # Each call of each assistant message, keyed by (message position, call position).
-    calls = {(index, n): call for index, entry in enumerate(transcript) if entry.role == "assistant"
-             for n, call in enumerate(entry.tool_calls)}
+    calls = {
+        (index, n): call
+        for index, entry in enumerate(transcript)
+        if entry.role == "assistant"
+        for n, call in enumerate(entry.tool_calls)
+    }
     placed: dict[tuple[int, int], int] = {}  # call -> position of its result
     taken: set[int] = set()
 
     def take(key: tuple[int, int], among: list[int]) -> None:
-        found = next((j for j in among if j not in taken and _is_terminal(transcript[j])
-                      and _is_result_for(transcript[j], calls[key])), None)
+        found = next(
+            (
+                j
+                for j in among
+                if j not in taken and _is_terminal(transcript[j]) and _is_result_for(transcript[j], calls[key])
+            ),
+            None,
+        )
         if found is not None:
             placed[key] = found
             taken.add(found)
@@ -92,19 +102,35 @@ def heal(transcript: list[TranscriptEntry], session_id: str) -> list[TranscriptE
         for n, call in enumerate(entry.tool_calls):
             found = placed.get((index, n))
             if found is None:
-                log.warning("session %s: tool call %s (provider id %s, %s) has no result; "
-                            "closing it with an error for this request (invariant 3)",
-                            session_id, call.call_id, call.provider_call_id, call.name)
+                log.warning(
+                    "session %s: tool call %s (provider id %s, %s) has no result; "
+                    "closing it with an error for this request (invariant 3)",
+                    session_id,
+                    call.call_id,
+                    call.provider_call_id,
+                    call.name,
+                )
                 healed.append(never_closed(call))
                 continue
             if (index, n) not in kept:
-                log.warning("session %s: the result of tool call %s (provider id %s) was not next to its call; "
-                            "moved it there (invariant 3)", session_id, call.call_id, call.provider_call_id)
+                log.warning(
+                    "session %s: the result of tool call %s (provider id %s) was not next to its call; "
+                    "moved it there (invariant 3)",
+                    session_id,
+                    call.call_id,
+                    call.provider_call_id,
+                )
             healed.append(transcript[found])
     for j in tool_indices:
         if j not in taken:
             entry = transcript[j]
-            log.warning("session %s: dropped a tool entry at position %d that closes no call in this transcript "
-                        "(call %s, provider id %s, closure %s)",
-                        session_id, j, entry.call_id, entry.provider_call_id, entry.closure)
+            log.warning(
+                "session %s: dropped a tool entry at position %d that closes no call in this transcript "
+                "(call %s, provider id %s, closure %s)",
+                session_id,
+                j,
+                entry.call_id,
+                entry.provider_call_id,
+                entry.closure,
+            )
     return healed

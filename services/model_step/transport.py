@@ -76,8 +76,11 @@ async def post_json(
     if status >= 400:
         retryable = status in RETRYABLE_STATUSES or status >= 500
         detail = _redact(_error_detail(response), secrets)
-        raise ProviderError(f"{provider}: HTTP {status}: {detail}", retryable=retryable,
-                            retry_after=_retry_after(response) if retryable else None)
+        raise ProviderError(
+            f"{provider}: HTTP {status}: {detail}",
+            retryable=retryable,
+            retry_after=_retry_after(response) if retryable else None,
+        )
     try:
         answer = response.json()
     except ValueError:
@@ -94,8 +97,9 @@ class HttpProvider:
 
     path = ""
 
-    def __init__(self, *, base_url: str, model: str, api_key: SecretStr | None, timeout_seconds: float,
-                 name: str) -> None:
+    def __init__(
+        self, *, base_url: str, model: str, api_key: SecretStr | None, timeout_seconds: float, name: str
+    ) -> None:
         self.name = name
         self.url = base_url.rstrip("/") + self.path
         self.model = model
@@ -118,8 +122,14 @@ class HttpProvider:
         self, session_id: str, transcript: list[TranscriptEntry], tools: list[ToolDescription]
     ) -> ProviderReply:
         key = self._api_key.get_secret_value() if self._api_key else ""
-        answer = await post_json(self._client, self.url, provider=self.name, headers=self.headers(key),
-                                 body=self.body(transcript, tools), secrets=(key,))
+        answer = await post_json(
+            self._client,
+            self.url,
+            provider=self.name,
+            headers=self.headers(key),
+            body=self.body(transcript, tools),
+            secrets=(key,),
+        )
         return self.parse(answer)
 
     async def aclose(self) -> None:

@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
-from shared.ledger.tables import TABLES, HookDelivery
 from shared import faults
 from shared.catalogue import resolve_secrets
+from shared.ledger.tables import TABLES, HookDelivery
 from shared.messages import EVENT_TYPES, now
 
 log = logging.getLogger("signoff.hooks")
@@ -86,8 +86,16 @@ async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
     """Add a delivery for every hook that wants each relayed event (inside the mark-sent transaction)."""
     at = now()
     deliveries = [
-        {"id": delivery_id(hook.name, row.message_id), "hook": hook.name, "message_id": row.message_id,
-         "event_type": row.message_type, "body": row.body, "attempts": 0, "next_attempt_at": at, "created_at": at}
+        {
+            "id": delivery_id(hook.name, row.message_id),
+            "hook": hook.name,
+            "message_id": row.message_id,
+            "event_type": row.message_type,
+            "body": row.body,
+            "attempts": 0,
+            "next_attempt_at": at,
+            "created_at": at,
+        }
         for row in rows
         for hook in hooks
         if hook.wants(row.message_type)
@@ -140,8 +148,9 @@ class HookDeliverer:
             }
             error = None
             try:
-                response = await self.http.post(resolve_secrets(hook.url), content=body, headers=headers,
-                                                timeout=hook.timeout_seconds)
+                response = await self.http.post(
+                    resolve_secrets(hook.url), content=body, headers=headers, timeout=hook.timeout_seconds
+                )
                 if not response.is_success:
                     error = f"HTTP {response.status_code}"
             except httpx.HTTPError as failure:
@@ -153,8 +162,11 @@ class HookDeliverer:
                 values = (
                     {"delivered_at": now(), "attempts": attempts}
                     if error is None
-                    else {"attempts": attempts, "last_error": error,
-                          "next_attempt_at": now() + timedelta(seconds=backoff(attempts))}
+                    else {
+                        "attempts": attempts,
+                        "last_error": error,
+                        "next_attempt_at": now() + timedelta(seconds=backoff(attempts)),
+                    }
                 )
                 await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(**values))
             if error:

@@ -24,7 +24,10 @@ async def lead(settings: Settings, wake: asyncio.Event):
 
     url = make_url(settings.ledger_url)
     connection = await asyncpg.connect(
-        user=url.username, password=url.password, host=url.host or "localhost", port=url.port or 5432,
+        user=url.username,
+        password=url.password,
+        host=url.host or "localhost",
+        port=url.port or 5432,
         database=url.database,
     )
     # Hold leadership for as long as this connection lives; a killed leader's lock goes with it.

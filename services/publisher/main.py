@@ -33,7 +33,9 @@ async def run(settings: Settings) -> None:
         async with httpx.AsyncClient() as http:
             deliveries = None
             if hooks:
-                deliveries = asyncio.create_task(deliver_hooks_forever(HookDeliverer(sessionmaker(engine), hooks, http)))
+                deliveries = asyncio.create_task(
+                    deliver_hooks_forever(HookDeliverer(sessionmaker(engine), hooks, http))
+                )
             await relay.relay_forever(wake, 1.0 if leadership else settings.publisher_poll_seconds, deliveries)
 
     try:

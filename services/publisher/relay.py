@@ -8,6 +8,7 @@ consumer drops the duplicate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -15,8 +16,8 @@ import aio_pika
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.ledger.tables import TABLES
 from shared import faults
+from shared.ledger.tables import TABLES
 from shared.messages import now
 
 from .hooks import Hook, schedule
@@ -27,14 +28,16 @@ log = logging.getLogger("signoff.publisher")
 OUTBOX = TABLES["outbox"]
 # Built once: the relay runs them for every batch.
 _UNSENT = (
-    select(OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange, OUTBOX.c.routing_key,
-           OUTBOX.c.body)
+    select(
+        OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange, OUTBOX.c.routing_key, OUTBOX.c.body
+    )
     .where(OUTBOX.c.sent_at.is_(None))
     .order_by(OUTBOX.c.id)
     .limit(bindparam("batch_size"))
 )
-_MARK_SENT = update(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).values(
-    sent_at=bindparam("sent_at"))
+_MARK_SENT = (
+    update(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).values(sent_at=bindparam("sent_at"))
+)
 
 
 @dataclass
@@ -79,8 +82,9 @@ class OutboxRelay:
             await schedule(conn, self.hooks, rows)
         return len(rows)
 
-    async def relay_forever(self, wake: asyncio.Event, idle_wait: float,
-                            hook_deliveries: asyncio.Task | None = None) -> None:
+    async def relay_forever(
+        self, wake: asyncio.Event, idle_wait: float, hook_deliveries: asyncio.Task | None = None
+    ) -> None:
         """Relay batch after batch; when the outbox is drained, sleep until woken
         (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite)."""
         while True:
@@ -96,7 +100,5 @@ class OutboxRelay:
             if hook_deliveries is not None and hook_deliveries.done():
                 hook_deliveries.result()  # a dead hook loop takes the publisher down, loudly
             if sent < self.batch_size:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), idle_wait)
-                except TimeoutError:
-                    pass

@@ -16,8 +16,8 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.ledger.database import insert_unless_present
-from shared.ledger.tables import ExecutionClaim
-from shared.messages import now
+from shared.ledger.tables import TABLES, ExecutionClaim
+from shared.messages import Outcome, now
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ClaimOutcome:
 
     action: Literal["run", "report", "wait", "lost"]
     attempt: int = 1
-    outcome: str | None = None
+    outcome: Outcome | None = None
     result: dict[str, Any] | None = None
     wait_until: datetime | None = None
 
@@ -50,8 +50,15 @@ def decide(claim: ExecutionClaim | None, *, effect: str, at: datetime) -> ClaimO
 
 def fresh_claim(call_id: str, idempotency_key: str, holder: str, *, at: datetime, lease: timedelta) -> dict[str, Any]:
     """A first claim: held by `holder` as attempt 1, its lease ending one lease from now."""
-    return {"call_id": call_id, "idempotency_key": idempotency_key, "status": "claimed", "holder": holder,
-            "lease_expires_at": renewed_lease(at, lease), "attempts": 1, "claimed_at": at}
+    return {
+        "call_id": call_id,
+        "idempotency_key": idempotency_key,
+        "status": "claimed",
+        "holder": holder,
+        "lease_expires_at": renewed_lease(at, lease),
+        "attempts": 1,
+        "claimed_at": at,
+    }
 
 
 def retaken_claim(holder: str, attempt: int, *, at: datetime, lease: timedelta) -> dict[str, Any]:
@@ -72,12 +79,13 @@ def lost_call(at: datetime) -> dict[str, Any]:
     return {"status": "finished", "outcome": "outcome_unknown", "finished_at": at, "result": {"error": LOST}}
 
 
-CLAIMS = ExecutionClaim.__table__
+CLAIMS = TABLES["execution_claims"]
 # Built once: the hot path runs them for every call, and building costs more than executing a cached one.
 _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}
 # The SET clause is the parameters' column names.
-_UPDATE_OWN = update(CLAIMS).where(CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"),
-                                   CLAIMS.c.status == "claimed")
+_UPDATE_OWN = update(CLAIMS).where(
+    CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"), CLAIMS.c.status == "claimed"
+)
 
 
 class Claims:
@@ -91,15 +99,19 @@ class Claims:
     async def take(self, call_id: str, idempotency_key: str, effect: str) -> ClaimOutcome:
         async with self.engine.begin() as conn:
             at = now()
-            fresh = await conn.execute(_FRESH[conn.dialect.name],
-                                       fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease))
+            fresh = await conn.execute(
+                _FRESH[conn.dialect.name], fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease)
+            )
             if fresh.rowcount == 1:
                 return ClaimOutcome("run", attempt=1)
             row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
             verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
             if verdict.action == "run":
-                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(
-                    retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease)))
+                await conn.execute(
+                    update(CLAIMS)
+                    .where(CLAIMS.c.call_id == call_id)
+                    .values(retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease))
+                )
             elif verdict.action == "lost":
                 await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
             return verdict

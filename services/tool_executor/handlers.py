@@ -69,16 +69,18 @@ async def _claim_run_and_report(executor: Executor, command: ExecuteTool, spec, 
         if spec is None:
             result = ToolResult("error", error=f"there is no tool named {command.tool!r}")
         else:
-            context = ToolContext(command.call_id, command.session_id, command.idempotency_key, verdict.attempt,
-                                  executor.data_dir)
+            context = ToolContext(
+                command.call_id, command.session_id, command.idempotency_key, verdict.attempt, executor.data_dir
+            )
             heartbeat = asyncio.create_task(_keep_lease(executor, command.call_id))
             try:
                 result = await run_tool(spec, command.arguments, context, executor.http)
             finally:
                 heartbeat.cancel()
             await faults.reached("executor.after_effect")
-        if not await executor.claims.finish(command.call_id, result.outcome,
-                                            {"output": result.output, "error": result.error}):
+        if not await executor.claims.finish(
+            command.call_id, result.outcome, {"output": result.output, "error": result.error}
+        ):
             log.error("call %s: lost the claim while running; its new holder reports", command.call_id)
             return
         await faults.reached("executor.after_record")

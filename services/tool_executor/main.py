@@ -9,9 +9,9 @@ from functools import partial
 import httpx
 from pydantic import TypeAdapter
 
-from shared.ledger.database import create_engine, migrate
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
+from shared.ledger.database import create_engine, migrate
 from shared.messages import ExecuteTool
 from shared.runtime import prepare
 from shared.settings import Settings

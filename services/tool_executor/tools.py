@@ -43,7 +43,9 @@ def _import(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-async def run_tool(spec: ToolSpec, arguments: dict[str, Any], context: ToolContext, http: httpx.AsyncClient) -> ToolResult:
+async def run_tool(
+    spec: ToolSpec, arguments: dict[str, Any], context: ToolContext, http: httpx.AsyncClient
+) -> ToolResult:
     implementation = spec.implementation
     if isinstance(implementation, PythonImplementation):
         try:
@@ -60,7 +62,10 @@ async def run_tool(spec: ToolSpec, arguments: dict[str, Any], context: ToolConte
 
 
 async def _run_http(
-    implementation: HttpImplementation, spec: ToolSpec, arguments: dict[str, Any], context: ToolContext,
+    implementation: HttpImplementation,
+    spec: ToolSpec,
+    arguments: dict[str, Any],
+    context: ToolContext,
     http: httpx.AsyncClient,
 ) -> ToolResult:
     url = resolve_secrets(implementation.url)
@@ -82,8 +87,13 @@ async def _run_http(
             json=rest if method not in ("GET", "DELETE") else None,
             timeout=implementation.timeout_seconds,
         )
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.LocalProtocolError, httpx.UnsupportedProtocol,
-            httpx.InvalidURL) as error:
+    except (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.LocalProtocolError,
+        httpx.UnsupportedProtocol,
+        httpx.InvalidURL,
+    ) as error:
         # Nothing reached the server: an honest error, not an unknown outcome.
         return ToolResult("error", error=f"could not connect to {url}: {error}")
     except (httpx.TimeoutException, httpx.TransportError) as error:
@@ -98,5 +108,3 @@ async def _run_http(
     if response.is_success:
         return ToolResult("output", {"status": response.status_code, "body": body})
     return ToolResult("error", error=f"HTTP {response.status_code} from {method} {url}: {str(body)[:2000]}")
-
-

@@ -11,8 +11,21 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shared.messages import Outcome
 
 Id = String(64)
 
@@ -42,7 +55,7 @@ class UtcDateTime(TypeDecorator):
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, datetime: UtcDateTime()}
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UtcDateTime()}  # noqa: RUF012 (SQLAlchemy reads it)
 
 
 class Session(Base):
@@ -191,7 +204,7 @@ class ExecutionClaim(Base):
     lease_expires_at: Mapped[datetime]
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     # The ToolExecuted outcome, kept so a redelivery reports it again instead of re-running.
-    outcome: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    outcome: Mapped[Outcome | None] = mapped_column(String(24), nullable=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     claimed_at: Mapped[datetime]
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
