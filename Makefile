@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/signoff setup
 	$(BIN)/signoff demo
 
 # Style, types and formatting of the services and shared code; the import

@@ -12,10 +12,12 @@ import time
 from typing import Any, Literal
 
 import aio_pika
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
 from services.supervisor import Supervisor
+from shared import keyring
 from shared.consuming import declare, publish
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
@@ -23,6 +25,7 @@ from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, S
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
+from shared.signatures import sign
 from shared.topology import Topology
 
 
@@ -32,6 +35,7 @@ class Console:
         self.topology = Topology(settings.namespace, settings.delivery_limit)
         self.engine = create_engine(settings, pool_size=2)
         self.sessions = sessionmaker(self.engine)
+        self._channel_key: Ed25519PrivateKey | None = None
         # Set on entering: a console is used inside `async with`.
         self.connection: aio_pika.abc.AbstractRobustConnection
         self.channel: aio_pika.abc.AbstractChannel
@@ -87,8 +91,15 @@ class Console:
             message=message,
             responder=responder,
         )
-        await self.send(response)
+        await self.send(self.sign(response))
         return response.message_id
+
+    def sign(self, response: RespondToApproval) -> RespondToApproval:
+        """The response signed with this console's channel key (`signoff setup` makes the CLI's)."""
+        if self._channel_key is None:
+            self._channel_key = keyring.channel_private_key(self.settings.keys_path, self.settings.channel)
+        unsigned = response.model_copy(update={"key_id": self.settings.channel})
+        return unsigned.model_copy(update={"signature": sign(self._channel_key, unsigned.signed_part())})
 
 
 def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
@@ -98,6 +109,17 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
     for line in json.dumps(card["arguments"], indent=2, ensure_ascii=False).splitlines():
         print(f"  │ {line}")
     print(f"  └ digest:    {digest}")
+
+
+def setup(settings: Settings) -> int:
+    """Everything a deployment needs before its services start, made if missing
+    (idempotent); says what it did."""
+    done = keyring.create(settings.keys_path, {settings.channel: ["*"]})
+    for line in done:
+        print(f"signoff setup: {line}")
+    if not done:
+        print(f"signoff setup: nothing to do; keys in {settings.keys_path}")
+    return 0
 
 
 async def migrate_only(settings: Settings) -> int:

@@ -49,7 +49,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, _interrupt)
         check_reachable(self.settings)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # Migrate once here so four services do not race to create the schema.
+        # Keys (made once) and the schema before any service starts: four services
+        # need not race to create them.
+        subprocess.run([sys.executable, "-m", "services.cli", "setup"], check=True)
         subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
         preload()
         for service in SERVICES:

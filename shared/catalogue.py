@@ -50,6 +50,9 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = {"type": "object"}
     approval: Literal["always", "never"] = "always"
     effect: Literal["read", "idempotent", "outward"] = "outward"
+    # Changing what a tool does should change this: a request's digest covers it,
+    # so an approval given for one version never runs another.
+    version: str = "1"
     # What the call touches, shown on the card: a template over the arguments.
     target: str | None = None
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")

@@ -8,8 +8,6 @@ caused it, a schema version and the time it was made.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
@@ -30,15 +28,6 @@ def mint(prefix: str) -> str:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def arguments_digest(arguments: dict[str, Any]) -> str:
-    """The digest a decision is bound to (invariant 6): the exact, unredacted arguments."""
-    return "sha256:" + hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
 
 
 class Model(BaseModel):
@@ -126,6 +115,13 @@ class StartTurn(Envelope):
 
 
 class RespondToApproval(Envelope):
+    """A person's answer, signed by the channel adapter that authenticated them.
+
+    The signature (Ed25519, by the channel's registered key) covers `signed_part()`:
+    everything the decision means, the response's own id (used once) and when it
+    was issued. The envelope's message id is not covered: a redelivery keeps it,
+    and a replay under a new one is caught by the response id."""
+
     type: Literal["approval.respond"] = "approval.respond"
     request_id: Identifier
     decision: Literal["approve", "deny"]
@@ -133,6 +129,25 @@ class RespondToApproval(Envelope):
     reason: ShortText = ""
     message: ShortText = ""
     responder: str = Field(default="unknown", max_length=256)
+    response_id: Identifier = Field(default_factory=lambda: mint("rsp"))
+    issued_at: datetime = Field(default_factory=now)
+    # The registered channel whose key signed it, and the signature.
+    key_id: str | None = Field(default=None, max_length=64)
+    signature: str | None = Field(default=None, max_length=200)
+
+    def signed_part(self) -> dict[str, Any]:
+        return {
+            "response_id": self.response_id,
+            "session_id": self.session_id,
+            "request_id": self.request_id,
+            "decision": self.decision,
+            "args_digest": self.args_digest,
+            "responder": self.responder,
+            "reason": self.reason,
+            "message": self.message,
+            "issued_at": self.issued_at.isoformat(),
+            "key_id": self.key_id,
+        }
 
 
 class RequestModelStep(Envelope):
@@ -149,6 +164,20 @@ class ExecuteTool(Envelope):
     tool: str
     arguments: dict[str, Any]
     idempotency_key: Identifier
+    # The ledger's sealed authorization (shared/signatures.py): call, tool, arguments,
+    # the decision or policy that allows it, and an expiry. Nothing runs without it.
+    authorization: str = Field(default="", max_length=4000)
+
+
+class RefuseExecution(Envelope):
+    """The executor's report of a `tool.execute` it refused to run (forged, altered
+    or expired authorization): the ledger tells an operator."""
+
+    type: Literal["execution.refused"] = "execution.refused"
+    call_id: str = Field(max_length=256)
+    tool: str = Field(max_length=256)
+    reason_code: str = Field(max_length=64)
+    reason_text: ShortText
 
 
 # --- events -----------------------------------------------------------------
@@ -234,7 +263,7 @@ class MessageRejected(Envelope):
     reason_text: str
 
 
-LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted)
+LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted, RefuseExecution)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 Event = Annotated[
     ApprovalRequested
@@ -252,6 +281,7 @@ AnyMessage = Annotated[
     | RespondToApproval
     | ModelStepCompleted
     | ToolExecuted
+    | RefuseExecution
     | RequestModelStep
     | ExecuteTool
     | ApprovalRequested

@@ -49,6 +49,15 @@ class Settings(BaseSettings):
     # Comma-separated fault points armed in this process (see shared/faults.py).
     faults: str = ""
 
+    # Keys made by `signoff setup` (shared/keyring.py); empty: <data_dir>/keys.
+    keys_dir: Path | None = None
+    # The channel this process signs responses as (the CLI's own key by default).
+    channel: str = "cli"
+    # A response issued further than this from the ledger's clock is refused as stale.
+    response_window_seconds: float = 300.0
+    # How long the ledger's authorization on a `tool.execute` holds.
+    authorization_ttl_seconds: float = 24 * 3600.0
+
     @field_validator("namespace")
     @classmethod
     def _namespace_is_a_name(cls, value: str) -> str:
@@ -77,6 +86,10 @@ class Settings(BaseSettings):
         if "timeout=" in self.rabbitmq_url:
             return self.rabbitmq_url
         return self.rabbitmq_url + ("&" if "?" in self.rabbitmq_url else "?") + f"timeout={AMQP_HANDSHAKE_SECONDS}"
+
+    @property
+    def keys_path(self) -> Path:
+        return self.keys_dir or self.data_dir / "keys"
 
     @property
     def is_postgres(self) -> bool:

@@ -19,6 +19,7 @@ LEDGER_QUEUES = {
     "approval.respond": "ledger.responses",
     "step.completed": "ledger.steps",
     "tool.completed": "ledger.tools",
+    "execution.refused": "ledger.refusals",
 }
 SERVICE_QUEUES = {
     "step.requested": "model-step.requests",

@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
 from services.warm_start import SERVICES as SERVICE_MODULES
+from shared import keyring
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
 from tests.invariants import queues_left
@@ -194,6 +195,7 @@ class Deployment:
         """Start services by name and wait until each is ready. A name is a service,
         or `<service>#<n>` for another replica of it (its own log)."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.setup()
         started = []
         for name in names or SERVICES:
             service = name.split("#")[0]
@@ -213,6 +215,10 @@ class Deployment:
             started.append(name)
         for name in started:
             self.wait_ready(name)
+
+    def setup(self) -> None:
+        """What `signoff setup` makes for a deployment, made once (its keys)."""
+        keyring.create(self.settings.keys_path, {"cli": ["*"]})
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Until the process logs that it is ready, or (a standby publisher) standing by."""

@@ -9,12 +9,15 @@ listed in docs/design.md, "Where each rule lives".
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from shared.catalogue import ToolCatalogue, ToolSpec
+from shared.keyring import Channel
 from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, ToolExecuted, TranscriptEntry
+from shared.signatures import verify
 
 # Closure kinds and the reasons that are not a person's decision (invariant 5).
 CLOSURE_KINDS = ("output", "error", "denied", "expired", "cancelled", "outcome_unknown")
@@ -171,6 +174,34 @@ def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> l
 
 
 # --- approvals --------------------------------------------------------------------
+
+
+def authenticate_response(
+    response: RespondToApproval, channels: Mapping[str, Channel], *, at: datetime, window: timedelta
+) -> Refusal | None:
+    """Only a registered channel adapter speaks for a person: a response must be
+    signed by a registered key, over everything it decides, by a channel allowed to
+    assert that responder, and issued within `window` of the ledger's clock. None:
+    it is authentic (whether it may decide the request is `judge_response`'s)."""
+    if not response.signature or not response.key_id:
+        return Refusal("unsigned", "The response carries no signature; only a registered channel may respond.")
+    channel = channels.get(response.key_id)
+    if channel is None:
+        return Refusal("unknown_key", f"No channel is registered as {response.key_id!r}.")
+    if not verify(channel.public_key, response.signed_part(), response.signature):
+        return Refusal("bad_signature", "The signature does not match the response or the channel's key.")
+    if not channel.may_assert(response.responder):
+        return Refusal("wrong_principal", f"Channel {channel.name!r} may not respond as {response.responder!r}.")
+    if abs(response.issued_at - at) > window:
+        return Refusal(
+            "stale",
+            f"The response was issued at {response.issued_at.isoformat()}, outside the "
+            f"{window.total_seconds():.0f} s the ledger accepts.",
+        )
+    return None
+
+
+REPLAYED = Refusal("replayed", "This response id was used before; a response counts once.")
 
 UNKNOWN_REQUEST = Refusal("unknown_request", "No approval request with that id exists in this session.")
 

@@ -16,7 +16,9 @@ from shared.messages import (
     ApprovalDecided,
     Envelope,
     ModelStepCompleted,
+    OperatorAlerted,
     ProposedToolCall,
+    RefuseExecution,
     RespondToApproval,
     StartTurn,
     ToolExecuted,
@@ -24,12 +26,13 @@ from shared.messages import (
     TranscriptEntry,
     TurnCompleted,
     TurnFailed,
-    arguments_digest,
     mint,
 )
+from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
 from . import domain, reads, records
+from .authority import Authority
 from .unit_of_work import Duplicate, SessionState, UnitOfWork
 
 log = logging.getLogger("signoff.ledger")
@@ -40,6 +43,7 @@ class Ledger:
     engine: AsyncEngine
     topology: Topology
     catalogue: ToolCatalogue
+    authority: Authority
     default_provider: str
     notify_channel: str | None = None
 
@@ -170,19 +174,19 @@ async def _plan_and_record_calls(
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
     for position, (plan, call) in enumerate(zip(plans, calls, strict=True)):
-        digest = arguments_digest(call.arguments)
         if plan.action == "close":
             closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
             records.closure(uow, session, call, closed, cause, stored=False)
         elif plan.action == "ask":
             assert plan.spec is not None
             call.status = "awaiting_approval"
-            records.approval_request(
-                uow, session, call, request_ids[call.id], plan.spec.card(call.arguments), digest, pending, cause
-            )
+            request_id = request_ids[call.id]
+            digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
+            card = plan.spec.card(call.arguments)
+            records.approval_request(uow, session, call, request_id, card, digest, pending, cause)
         else:
-            records.execution(uow, session, call, cause, stored=False)
-        records.new_call(uow, call, position, digest)
+            records.execution(uow, session, call, cause, ledger.authority, request_id=None, stored=False)
+        records.new_call(uow, call, position, arguments_fingerprint(call.arguments))
     return pending
 
 
@@ -190,8 +194,12 @@ async def _plan_and_record_calls(
 async def respond_to_approval(
     ledger: Ledger, uow: UnitOfWork, session: SessionState | None, response: RespondToApproval
 ) -> None:
+    authority = ledger.authority
+    refused = domain.authenticate_response(
+        response, authority.channels, at=uow.now, window=authority.response_window
+    ) or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
     request, step = await reads.request_and_calls(uow, response.request_id, response.session_id)
-    refused = domain.judge_response(request if session else None, response)
+    refused = refused or domain.judge_response(request if session else None, response)
     if refused:
         records.refusal(uow, session, response, refused)
         return
@@ -199,18 +207,7 @@ async def respond_to_approval(
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     uow.update(records.APPROVAL_REQUESTS, request.id, status=domain.request_status_after(response.decision))
-    uow.add(
-        records.DECISIONS,
-        {
-            "request_id": request.id,
-            "decision": response.decision,
-            "reason": response.reason,
-            "message": response.message,
-            "responder": response.responder,
-            "message_id": response.message_id,
-            "decided_at": uow.now,
-        },
-    )
+    records.decision(uow, request.id, response)
     call.note = domain.note_of(response)
     uow.emit(
         session,
@@ -226,7 +223,7 @@ async def respond_to_approval(
     )
     session.updated_at = uow.now
     if response.decision == "approve":
-        records.execution(uow, session, call, response)
+        records.execution(uow, session, call, response, authority, request_id=request.id)
     else:
         records.closure(uow, session, call, domain.closure_of_denial(response.reason), response)
     resumed = domain.resume(step.calls, session_waits=step.session_waits)
@@ -254,3 +251,23 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
     session.updated_at = uow.now
     resumed = domain.resume(step.calls, session_waits=step.session_waits)
     await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, report)
+
+
+@transition
+async def execution_refused(
+    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, refusal: RefuseExecution
+) -> None:
+    """The executor refused a `tool.execute` it could not verify: nothing ran, and
+    only a person can tell whether someone is forging commands."""
+    log.warning("the executor refused call %s: %s", refusal.call_id, refusal.reason_code)
+    uow.emit(
+        session,
+        OperatorAlerted(
+            session_id=refusal.session_id,
+            causation_id=refusal.message_id,
+            call_id=refusal.call_id,
+            tool=refusal.tool,
+            reason_code=refusal.reason_code,
+            reason_text=f"The executor refused to run it: {refusal.reason_text}",
+        ),
+    )

@@ -9,11 +9,12 @@ from pydantic import TypeAdapter
 
 from shared.catalogue import load_catalogue
 from shared.ledger.database import create_engine, migrate, notify_channel
-from shared.messages import ModelStepCompleted, RespondToApproval, StartTurn, ToolExecuted
+from shared.messages import ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
 from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
+from .authority import Authority
 from .handlers import Ledger
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.
@@ -23,17 +24,20 @@ ROUTES = (
     ("approval.respond", RespondToApproval, handlers.respond_to_approval),
     ("step.completed", ModelStepCompleted, handlers.model_step_completed),
     ("tool.completed", ToolExecuted, handlers.tool_executed),
+    ("execution.refused", RefuseExecution, handlers.execution_refused),
 )
 
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "approval-ledger")
+    authority = Authority.from_settings(settings)
     engine = create_engine(settings, pool_size=POOL_SIZE)
     await migrate(engine, settings)
     ledger = Ledger(
         engine=engine,
         topology=runtime.topology,
         catalogue=load_catalogue(settings.tools_file),
+        authority=authority,
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )

@@ -49,6 +49,7 @@ _PENDING = (
     .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
     .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
 )
+_RESPONSE_USED = select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id"))
 # Every call of a step, in the model's order, with what resuming the step needs:
 # its closure, its decision's note, the step's turn, and whether the session waits.
 _target = TOOL_CALLS.alias("target")
@@ -151,6 +152,11 @@ async def request_and_calls(
         first.request_call_id,
     )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
+
+
+async def response_used(uow: UnitOfWork, response_id: str) -> bool:
+    """Whether a decision was already made with this signed response."""
+    return (await uow.db.scalar(_RESPONSE_USED, {"response_id": response_id})) is not None
 
 
 async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:

@@ -19,12 +19,14 @@ from shared.messages import (
     OperatorAlerted,
     ProviderAttempt,
     RequestModelStep,
+    RespondToApproval,
     ToolCallClosed,
     TranscriptEntry,
     mint,
 )
 
 from . import reads
+from .authority import Authority
 from .domain import Call, ClosureOnRecord, Refusal, Resumption, Step
 from .unit_of_work import SessionState, UnitOfWork
 
@@ -192,21 +194,47 @@ def approval_request(
     )
 
 
-def execution(uow: UnitOfWork, session: SessionState, call: Call, cause: Envelope, *, stored: bool = True) -> None:
-    """Send a call to the executor; `stored`: the call's row exists and changes status."""
+def execution(
+    uow: UnitOfWork,
+    session: SessionState,
+    call: Call,
+    cause: Envelope,
+    authority: Authority,
+    *,
+    request_id: str | None,
+    stored: bool = True,
+) -> None:
+    """Send a call to the executor, sealed with the ledger's authorization: the
+    approved request, or (None) the policy that needs none. `stored`: the call's
+    row exists and changes status."""
     if stored:
         uow.update(TOOL_CALLS, call.id, status="executing")
     call.status = "executing"
-    uow.emit(
-        session,
-        ExecuteTool(
-            session_id=session.id,
-            causation_id=cause.message_id,
-            call_id=call.id,
-            tool=call.tool,
-            arguments=call.arguments,
-            idempotency_key=call.idempotency_key,
-        ),
+    command = ExecuteTool(
+        session_id=session.id,
+        causation_id=cause.message_id,
+        call_id=call.id,
+        tool=call.tool,
+        arguments=call.arguments,
+        idempotency_key=call.idempotency_key,
+    )
+    uow.emit(session, authority.authorize(command, request_id=request_id, at=uow.now))
+
+
+def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> None:
+    uow.add(
+        DECISIONS,
+        {
+            "request_id": request_id,
+            "decision": response.decision,
+            "reason": response.reason,
+            "message": response.message,
+            "responder": response.responder,
+            "message_id": response.message_id,
+            "response_id": response.response_id,
+            "channel": response.key_id,
+            "decided_at": uow.now,
+        },
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared.authorization import Authorization
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES, ExecutionClaim
 from shared.messages import Outcome, now
@@ -24,10 +25,12 @@ from shared.messages import Outcome, now
 class ClaimOutcome:
     """What the executor must do with a call it was asked to run."""
 
-    action: Literal["run", "report", "wait", "lost"]
+    action: Literal["run", "report", "wait", "lost", "refused"]
     attempt: int = 1
     outcome: Outcome | None = None
     result: dict[str, Any] | None = None
+    # "refused": why the ledger's record does not allow this call.
+    refusal: str | None = None
     wait_until: datetime | None = None
 
 
@@ -79,6 +82,42 @@ def lost_call(at: datetime) -> dict[str, Any]:
     return {"status": "finished", "outcome": "outcome_unknown", "finished_at": at, "result": {"error": LOST}}
 
 
+@dataclass(frozen=True)
+class CallOnRecord:
+    """A call as the ledger recorded it, with its request and decision if it needed one."""
+
+    tool: str
+    fingerprint: str
+    request_id: str | None
+    decision: str | None
+
+
+def ledger_allows(call: CallOnRecord | None, granted: Authorization, tool: str, fingerprint: str) -> str | None:
+    """Whether the ledger's own rows allow what the authorization says: the call was
+    made with this tool and these arguments, and a person approved the request it
+    names, or the call needed no approval. None: allowed; else why not. A forged
+    authorization would need a forged ledger row as well."""
+    if call is None:
+        return "the ledger has no such call"
+    if (call.tool, call.fingerprint) != (tool, fingerprint):
+        return "the ledger's call has another tool or other arguments"
+    if granted.basis == "policy":
+        return None if call.request_id is None else "the call needs a person's approval"
+    if call.request_id != granted.request_id or call.decision != "approve":
+        return "no approval of this call is on record"
+    return None
+
+
+TOOL_CALLS, APPROVAL_REQUESTS, DECISIONS = TABLES["tool_calls"], TABLES["approval_requests"], TABLES["decisions"]
+_CALL_ON_RECORD = (
+    select(TOOL_CALLS.c.tool, TOOL_CALLS.c.args_digest, APPROVAL_REQUESTS.c.id, DECISIONS.c.decision)
+    .select_from(
+        TOOL_CALLS.outerjoin(APPROVAL_REQUESTS, APPROVAL_REQUESTS.c.call_id == TOOL_CALLS.c.id).outerjoin(
+            DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id
+        )
+    )
+    .where(TOOL_CALLS.c.id == bindparam("call_id"))
+)
 CLAIMS = TABLES["execution_claims"]
 # Built once: the hot path runs them for every call, and building costs more than executing a cached one.
 _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}
@@ -96,9 +135,15 @@ class Claims:
         self.holder = holder
         self.lease = timedelta(seconds=lease_seconds)
 
-    async def take(self, call_id: str, idempotency_key: str, effect: str) -> ClaimOutcome:
+    async def take(
+        self, call_id: str, idempotency_key: str, effect: str, granted: Authorization, tool: str, fingerprint: str
+    ) -> ClaimOutcome:
         async with self.engine.begin() as conn:
             at = now()
+            row = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
+            refusal = ledger_allows(row and CallOnRecord(*row), granted, tool, fingerprint)
+            if refusal is not None:
+                return ClaimOutcome("refused", refusal=refusal)
             fresh = await conn.execute(
                 _FRESH[conn.dialect.name], fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease)
             )

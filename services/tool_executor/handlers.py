@@ -8,12 +8,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from shared import faults
+from shared.authorization import Authorization, verify_authorization
 from shared.catalogue import ToolCatalogue
-from shared.messages import ExecuteTool, ToolExecuted, now
+from shared.consuming import Rejected
+from shared.messages import Envelope, ExecuteTool, RefuseExecution, ToolExecuted, now
+from shared.signatures import Unverified, arguments_fingerprint
 
 from .claims import Claims
 from .leases import Leases
@@ -29,12 +34,20 @@ class Executor:
     catalogue: ToolCatalogue
     claims: Claims
     http: httpx.AsyncClient
-    report: Callable[[ToolExecuted], Awaitable[None]]
+    report: Callable[[Envelope], Awaitable[None]]
+    # The ledger's public key: what the executor runs must carry the ledger's seal.
+    ledger_key: Ed25519PublicKey
     data_dir: Path
     leases: Leases
 
 
 async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
+    """Run an approved call once. A command without the ledger's valid authorization
+    runs nothing: it is parked as refused and an operator is told."""
+    try:
+        granted = verify_authorization(executor.ledger_key, command, at=now())
+    except Unverified as refusal:
+        await _refuse(executor, command, refusal.code, refusal.detail)
     spec = executor.catalogue.get(command.tool)
     effect = spec.effect if spec else "outward"
     # A live executor holding the Redis lease is already on this call: wait for
@@ -44,14 +57,36 @@ async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
         await asyncio.sleep(0.1)
         waited += 0.1
     try:
-        await _claim_run_and_report(executor, command, spec, effect)
+        await _claim_run_and_report(executor, command, spec, effect, granted)
     finally:
         await executor.leases.release(command.call_id)
 
 
-async def _claim_run_and_report(executor: Executor, command: ExecuteTool, spec, effect: str) -> None:
+async def _refuse(executor: Executor, command: ExecuteTool, code: str, detail: str) -> NoReturn:
+    log.error("call %s: refused to run %s: %s: %s", command.call_id, command.tool, code, detail)
+    await executor.report(
+        RefuseExecution(
+            session_id=command.session_id,
+            causation_id=command.message_id,
+            call_id=command.call_id,
+            tool=command.tool,
+            reason_code=code,
+            reason_text=detail,
+        )
+    )
+    raise Rejected(code, detail)
+
+
+async def _claim_run_and_report(
+    executor: Executor, command: ExecuteTool, spec, effect: str, granted: Authorization
+) -> None:
+    fingerprint = arguments_fingerprint(command.arguments)
     while True:
-        verdict = await executor.claims.take(command.call_id, command.idempotency_key, effect)
+        verdict = await executor.claims.take(
+            command.call_id, command.idempotency_key, effect, granted, command.tool, fingerprint
+        )
+        if verdict.action == "refused":
+            await _refuse(executor, command, "not_on_record", verdict.refusal or "")
         if verdict.action != "wait":
             break
         # Another executor holds a live lease; if it dies, the lease runs out.

@@ -9,6 +9,7 @@ from functools import partial
 import httpx
 from pydantic import TypeAdapter
 
+from shared import keyring
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.ledger.database import create_engine, migrate
@@ -34,6 +35,7 @@ async def run(settings: Settings) -> None:
             report=partial(publish, runtime.broker, runtime.topology),
             data_dir=settings.data_dir.resolve(),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
+            ledger_key=keyring.ledger_public_key(settings.keys_path),
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
         try:

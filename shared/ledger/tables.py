@@ -140,6 +140,10 @@ class Decision(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     responder: Mapped[str] = mapped_column(String(256))
     message_id: Mapped[str] = mapped_column(Id)
+    # The signed response's own id: a response counts once, whatever message carries it.
+    response_id: Mapped[str | None] = mapped_column(Id, unique=True, nullable=True)
+    # The channel whose key signed it.
+    channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
     decided_at: Mapped[datetime]
 
 

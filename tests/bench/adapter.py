@@ -137,9 +137,9 @@ class ChannelAdapter:
 
     async def approve(self, session_id: str, requested: dict[str, Any]) -> float:
         responded = time.time()
-        await self.send(RespondToApproval(session_id=session_id, request_id=requested["request_id"],
-                                          decision="approve", args_digest=requested["args_digest"],
-                                          responder="bench"))
+        await self.send(self.console.sign(RespondToApproval(
+            session_id=session_id, request_id=requested["request_id"], decision="approve",
+            args_digest=requested["args_digest"], responder="bench")))
         return responded
 
     async def finished(self, waiter: Waiter, timeout: float | None = None) -> dict[str, Any]:

@@ -18,8 +18,9 @@ async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flu
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
-        response = RespondToApproval(session_id=session_id, request_id=requested.request_id, decision="approve",
-                                     args_digest=requested.args_digest, responder="tester")
+        response = console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                  decision="approve", args_digest=requested.args_digest,
+                                                  responder="tester"))
         await console.send(response)
         await next_event(events, "turn.completed")
         # Forget Redis's fast path: the ledger's inbox alone must drop the duplicate.
@@ -49,8 +50,8 @@ async def test_a_response_to_an_unknown_request_is_rejected_with_a_reason_and_ch
         events, requested = await start_and_wait_for_approval(console, session_id)
         async with deployment.ledger() as ledger, ledger() as db:
             outbox_before = await db.scalar(select(func.count()).select_from(OutboxRow))
-        bogus = RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
-                                  args_digest=requested.args_digest)
+        bogus = console.sign(RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
+                                               args_digest=requested.args_digest))
         await console.send(bogus)
         rejected = await next_event(events, "message.rejected")
         assert rejected.rejected_message_id == bogus.message_id
@@ -68,8 +69,8 @@ async def test_an_approval_for_other_arguments_than_shown_is_refused(deployment,
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
-        await console.send(RespondToApproval(session_id=session_id, request_id=requested.request_id,
-                                             decision="approve", args_digest="sha256:" + "0" * 64))
+        await console.send(console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                          decision="approve", args_digest="sha256:" + "0" * 64)))
         rejected = await next_event(events, "message.rejected")
         assert rejected.reason_code == "digest_mismatch"
         # The request is still open and answerable with the right digest.

@@ -106,8 +106,8 @@ async def test_a_new_turn_while_a_request_is_open_is_rejected_and_the_session_re
         # A second response to the same request is stale.
         await console.respond(requested.request_id, "approve", "", "", "a")
         await next_event(events, "turn.completed", timeout=30)
-        await console.send(RespondToApproval(session_id=session_id, request_id=requested.request_id,
-                                             decision="approve", args_digest=requested.args_digest))
+        await console.send(console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                          decision="approve", args_digest=requested.args_digest)))
         stale = await next_event(events, "message.rejected")
         assert stale.reason_code == "already_decided"
     assert sink.counts["/sink"] == 1

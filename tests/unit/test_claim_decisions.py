@@ -109,3 +109,36 @@ def test_once_written_a_lost_call_reports_outcome_unknown_on_every_later_deliver
     written = claim(lease_expires_at=NOW - LEASE, status=lost["status"], outcome=lost["outcome"], result=lost["result"])
     verdict = decide(written, effect=effect, at=NOW + LEASE)
     assert (verdict.action, verdict.outcome, verdict.result) == ("report", "outcome_unknown", lost["result"])
+
+
+# --- what the ledger's own rows allow ---------------------------------------------------
+
+from shared.authorization import Authorization  # noqa: E402
+from services.tool_executor.claims import CallOnRecord, ledger_allows  # noqa: E402
+
+
+def granted(basis="approval", request_id="apr_1"):
+    return Authorization("call_1", "s1", "send", "sha256:a", basis, request_id, NOW)
+
+
+def test_an_approved_call_on_record_with_the_same_tool_and_arguments_is_allowed():
+    assert ledger_allows(CallOnRecord("send", "sha256:a", "apr_1", "approve"), granted(), "send", "sha256:a") is None
+
+
+def test_a_policy_allowed_call_is_allowed_only_if_it_needed_no_approval():
+    assert ledger_allows(CallOnRecord("send", "sha256:a", None, None), granted("policy", None), "send",
+                         "sha256:a") is None
+    assert ledger_allows(CallOnRecord("send", "sha256:a", "apr_1", None), granted("policy", None), "send",
+                         "sha256:a") == "the call needs a person's approval"
+
+
+@pytest.mark.parametrize("call,why", [
+    (None, "the ledger has no such call"),
+    (CallOnRecord("other", "sha256:a", "apr_1", "approve"), "the ledger's call has another tool or other arguments"),
+    (CallOnRecord("send", "sha256:b", "apr_1", "approve"), "the ledger's call has another tool or other arguments"),
+    (CallOnRecord("send", "sha256:a", "apr_1", None), "no approval of this call is on record"),
+    (CallOnRecord("send", "sha256:a", "apr_1", "deny"), "no approval of this call is on record"),
+    (CallOnRecord("send", "sha256:a", "apr_2", "approve"), "no approval of this call is on record"),
+])
+def test_without_a_matching_call_and_approval_on_record_nothing_runs(call, why):
+    assert ledger_allows(call, granted(), "send", "sha256:a") == why

@@ -4,21 +4,22 @@ What a handler loads and records needs a database and is not stated here; what i
 decides is. The executor's claim decisions are in test_claim_decisions.py.
 """
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from services.approval_ledger import domain
 from services.approval_ledger.domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
 from shared.catalogue import REDACTED, ToolCatalogue
+from shared.keyring import Channel
 from shared.messages import (
     ProposedToolCall,
     ProviderAttempt,
     RespondToApproval,
     ToolExecuted,
     TranscriptEntry,
-    arguments_digest,
 )
+from shared.signatures import new_private_key, sign
 
 CATALOGUE = ToolCatalogue.model_validate({"tools": [
     {"name": "send", "label": "Send money", "approval": "always", "effect": "outward", "target": "account {to}",
@@ -328,6 +329,55 @@ def test_the_card_redacts_credentials_and_names_the_target():
     assert look.target == "GET https://api.example.com:8443/v1/look/weather"
 
 
-def test_the_digest_binds_the_exact_arguments_whatever_their_key_order():
-    assert arguments_digest({"a": 1, "b": [1, 2]}) == arguments_digest({"b": [1, 2], "a": 1})
-    assert arguments_digest({"a": 1}) != arguments_digest({"a": 2})
+# --- who may respond ------------------------------------------------------------------
+
+CHANNEL_KEY = new_private_key()
+CHANNELS = {"chat": Channel("chat", CHANNEL_KEY.public_key(), ("alice", "team-*"))}
+AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+WINDOW = timedelta(minutes=5)
+
+
+def chat_response(key=CHANNEL_KEY, key_id="chat", **changes):
+    fields = dict(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1", responder="alice",
+                  issued_at=AT)
+    response = RespondToApproval(**{**fields, **changes}).model_copy(update={"key_id": key_id})
+    return response.model_copy(update={"signature": sign(key, response.signed_part())})
+
+
+def refusal_code(response):
+    refused = domain.authenticate_response(response, CHANNELS, at=AT, window=WINDOW)
+    return refused.reason_code if refused else None
+
+
+def test_a_response_signed_by_a_registered_channel_for_a_principal_it_may_assert_is_authentic():
+    assert refusal_code(chat_response()) is None
+    assert refusal_code(chat_response(responder="team-ops")) is None
+
+
+def test_an_unsigned_response_or_one_without_a_key_id_is_refused_as_unsigned():
+    assert refusal_code(RespondToApproval(session_id="s1", request_id="apr_1", decision="approve",
+                                          args_digest="d1")) == "unsigned"
+    assert refusal_code(chat_response().model_copy(update={"key_id": None})) == "unsigned"
+
+
+def test_a_response_from_a_key_nobody_registered_is_refused_as_unknown_key():
+    assert refusal_code(chat_response(key=new_private_key(), key_id="stranger")) == "unknown_key"
+
+
+def test_a_response_changed_after_signing_or_signed_by_another_key_is_refused_as_a_bad_signature():
+    for changed in ({"decision": "deny"}, {"request_id": "apr_2"}, {"args_digest": "d2"}, {"responder": "team-x"},
+                    {"response_id": "rsp_other"}, {"issued_at": AT + timedelta(seconds=1)}, {"reason": "r"}):
+        assert refusal_code(chat_response().model_copy(update=changed)) == "bad_signature", changed
+    assert refusal_code(chat_response(key=new_private_key())) == "bad_signature"
+
+
+def test_a_channel_may_speak_only_for_the_principals_it_was_registered_for():
+    refused = domain.authenticate_response(chat_response(responder="bob"), CHANNELS, at=AT, window=WINDOW)
+    assert (refused.reason_code, refused.reason_text) == ("wrong_principal", "Channel 'chat' may not respond as 'bob'.")
+
+
+def test_a_response_issued_outside_the_window_either_way_is_stale_and_one_at_its_edge_is_not():
+    assert refusal_code(chat_response(issued_at=AT - WINDOW)) is None
+    assert refusal_code(chat_response(issued_at=AT + WINDOW)) is None
+    assert refusal_code(chat_response(issued_at=AT - WINDOW - timedelta(seconds=1))) == "stale"
+    assert refusal_code(chat_response(issued_at=AT + WINDOW + timedelta(seconds=1))) == "stale"

@@ -1,0 +1,49 @@
+"""What only the ledger can do, with the keys only it holds: compute a request's
+digest, seal an authorization for the executor, and know the channels that may
+speak for people (their public keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from shared import keyring
+from shared.authorization import authorize
+from shared.keyring import Channel
+from shared.messages import ExecuteTool
+from shared.settings import Settings
+from shared.signatures import request_digest
+
+
+@dataclass(frozen=True)
+class Authority:
+    signing_key: Ed25519PrivateKey
+    digest_key: bytes
+    channels: dict[str, Channel]
+    response_window: timedelta
+    authorization_ttl: timedelta
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Authority:
+        keys = settings.keys_path
+        return cls(
+            signing_key=keyring.ledger_private_key(keys),
+            digest_key=keyring.digest_key(keys),
+            channels=keyring.channels(keys),
+            response_window=timedelta(seconds=settings.response_window_seconds),
+            authorization_ttl=timedelta(seconds=settings.authorization_ttl_seconds),
+        )
+
+    def digest(self, request_id: str, tool: str, version: str, arguments: dict[str, Any]) -> str:
+        return request_digest(self.digest_key, request_id=request_id, tool=tool, version=version, arguments=arguments)
+
+    def authorize(self, command: ExecuteTool, *, request_id: str | None, at: datetime) -> ExecuteTool:
+        """The command with the ledger's seal on it."""
+        basis: Literal["approval", "policy"] = "approval" if request_id else "policy"
+        token = authorize(
+            self.signing_key, command, basis=basis, request_id=request_id, at=at, ttl=self.authorization_ttl
+        )
+        return command.model_copy(update={"authorization": token})

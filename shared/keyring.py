@@ -1,0 +1,124 @@
+"""The keys of one deployment, as files in its keys folder (`SIGNOFF_KEYS_DIR`,
+by default `<data dir>/keys`), made once by `signoff setup`.
+
+| file | held by | what |
+| --- | --- | --- |
+| `ledger.key` | approval-ledger | Ed25519 private key: signs every `tool.execute` |
+| `ledger.pub` | tool-executor | its public half: the executor verifies with it |
+| `digest.key` | approval-ledger | HMAC key of request digests |
+| `channels.yaml` | approval-ledger | each channel's public key and the principals it may assert |
+| `channels/<name>.key` | that channel (the CLI: `cli`) | the channel's Ed25519 private key |
+
+A container is given only the files its service holds. Nothing here is a secret
+in a log: only public keys are ever printed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from shared.signatures import (
+    load_private_key,
+    load_public_key,
+    new_private_key,
+    private_key_bytes,
+    public_key_text,
+)
+
+LEDGER_KEY = "ledger.key"
+LEDGER_PUBLIC_KEY = "ledger.pub"
+DIGEST_KEY = "digest.key"
+CHANNELS = "channels.yaml"
+
+
+class MissingKey(SystemExit):
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"signoff: no key at {path}; run `signoff setup` (or set SIGNOFF_KEYS_DIR)")
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A registered channel adapter: its public key and whom it may speak for."""
+
+    name: str
+    public_key: Ed25519PublicKey
+    # Patterns of the responders it may assert (`*`: anyone, e.g. an operator's CLI).
+    principals: tuple[str, ...]
+
+    def may_assert(self, responder: str) -> bool:
+        return any(fnmatch.fnmatchcase(responder, pattern) for pattern in self.principals)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise MissingKey(path) from None
+
+
+def ledger_private_key(keys_dir: Path) -> Ed25519PrivateKey:
+    return load_private_key(_read(keys_dir / LEDGER_KEY))
+
+
+def ledger_public_key(keys_dir: Path) -> Ed25519PublicKey:
+    return load_public_key(_read(keys_dir / LEDGER_PUBLIC_KEY).decode())
+
+
+def digest_key(keys_dir: Path) -> bytes:
+    return bytes.fromhex(_read(keys_dir / DIGEST_KEY).decode().strip())
+
+
+def channels(keys_dir: Path) -> dict[str, Channel]:
+    data = yaml.safe_load(_read(keys_dir / CHANNELS)) or {}
+    return {
+        name: Channel(name, load_public_key(entry["public_key"]), tuple(entry.get("principals") or ()))
+        for name, entry in (data.get("channels") or {}).items()
+    }
+
+
+def channel_private_key(keys_dir: Path, name: str) -> Ed25519PrivateKey:
+    return load_private_key(_read(keys_dir / "channels" / f"{name}.key"))
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+
+
+def create(keys_dir: Path, channel_principals: dict[str, list[str]]) -> list[str]:
+    """Make whatever keys are missing (never replacing one) and register the named
+    channels; what was done, one line each."""
+    done = []
+    if not (keys_dir / LEDGER_KEY).exists():
+        key = new_private_key()
+        _write_secret(keys_dir / LEDGER_KEY, private_key_bytes(key))
+        (keys_dir / LEDGER_PUBLIC_KEY).write_text(public_key_text(key) + "\n")
+        done.append(f"made the ledger's signing key ({keys_dir / LEDGER_KEY}, public half {LEDGER_PUBLIC_KEY})")
+    if not (keys_dir / DIGEST_KEY).exists():
+        _write_secret(keys_dir / DIGEST_KEY, secrets.token_hex(32).encode())
+        done.append(f"made the ledger's digest key ({keys_dir / DIGEST_KEY})")
+    registry_path = keys_dir / CHANNELS
+    registry = (yaml.safe_load(registry_path.read_text()) if registry_path.exists() else None) or {}
+    registered = registry.setdefault("channels", {})
+    for name, principals in channel_principals.items():
+        private_path = keys_dir / "channels" / f"{name}.key"
+        if not private_path.exists():
+            key = new_private_key()
+            _write_secret(private_path, private_key_bytes(key))
+            done.append(f"made channel {name}'s key ({private_path})")
+        public = public_key_text(channel_private_key(keys_dir, name))
+        entry = {"public_key": public, "principals": principals}
+        if registered.get(name) != entry:
+            registered[name] = entry
+            done.append(f"registered channel {name} (public key {public}, may assert {', '.join(principals)})")
+    registry_path.write_text(yaml.safe_dump(registry, sort_keys=True))
+    return done

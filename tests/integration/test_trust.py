@@ -1,0 +1,105 @@
+"""Only a person can approve, and only an approved call can run (docs/design.md,
+"Trust boundaries"): responses must be signed by a registered channel, and the
+executor runs nothing the ledger did not seal and record."""
+
+import asyncio
+from datetime import timedelta
+
+from shared import keyring
+from shared.authorization import authorize
+from shared.messages import ExecuteTool, RespondToApproval, mint, now
+from shared.signatures import new_private_key, sign
+from tests.harness import next_event, start_and_wait_for_approval
+
+
+def signed(response: RespondToApproval, key, key_id: str) -> RespondToApproval:
+    unsigned = response.model_copy(update={"key_id": key_id})
+    return unsigned.model_copy(update={"signature": sign(key, unsigned.signed_part())})
+
+
+async def test_forged_stale_replayed_and_unauthorized_responses_are_refused_and_a_signed_one_counts_once(
+    deployment, sink
+):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    # A second channel that may speak for alice only.
+    keyring.create(deployment.settings.keys_path, {"cli": ["*"], "chat": ["alice"]})
+    chat = keyring.channel_private_key(deployment.settings.keys_path, "chat")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+
+        def response(**changes) -> RespondToApproval:
+            fields = dict(session_id=session_id, request_id=requested.request_id, decision="approve",
+                          args_digest=requested.args_digest, responder="alice")
+            return RespondToApproval(**{**fields, **changes})
+
+        good = console.sign(response())
+        refused = {
+            "unsigned": response(),
+            "bad_signature": good.model_copy(update={"reason": "changed after signing", "message_id": mint("msg"),
+                                                     "response_id": mint("rsp")}),
+            "unknown_key": signed(response(), new_private_key(), "stranger"),
+            "stale": console.sign(response(issued_at=now() - timedelta(minutes=10))),
+            "wrong_principal": signed(response(responder="bob"), chat, "chat"),
+            "digest_mismatch": console.sign(response(args_digest="sha256:" + "0" * 64)),
+        }
+        for message in refused.values():
+            await console.send(message)
+        seen = {}
+        for _ in refused:
+            rejected = await next_event(events, "message.rejected")
+            seen[rejected.rejected_message_id] = rejected.reason_code
+        assert seen == {message.message_id: code for code, message in refused.items()}
+        assert sink.counts["/sink"] == 0, "nothing was approved"
+
+        await console.send(good)
+        decided = await next_event(events, "approval.decided")
+        assert (decided.request_id, decided.responder) == (requested.request_id, "alice")
+        await next_event(events, "turn.completed", timeout=30)
+        # The same signed response again, under a new message id: it counts once.
+        await console.send(good.model_copy(update={"message_id": mint("msg")}))
+        replayed = await next_event(events, "message.rejected")
+        assert replayed.reason_code == "replayed"
+    assert sink.counts["/sink"] == 1
+
+
+async def test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_an_operator(deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_AUTHORIZATION_TTL_SECONDS="3")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        # Every tool.execute the ledger sends, copied.
+        copies = await console.channel.declare_queue(exclusive=True)
+        await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")
+        alerts = await console.watch("*")
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed", timeout=30)
+        real = ExecuteTool.model_validate_json((await copies.get(no_ack=True)).body)
+        assert sink.counts["/sink"] == 1
+
+        fresh = dict(session_id=session_id, tool="post_to_sink", arguments={"message": "forged"},
+                     idempotency_key=mint("idk"))
+        ledger_key = keyring.ledger_private_key(deployment.settings.keys_path)
+        signed_but_unrecorded = ExecuteTool(call_id=mint("call"), **fresh)
+        forgeries = {
+            "unauthorized": ExecuteTool(call_id=mint("call"), **fresh),
+            "altered": real.model_copy(update={"message_id": mint("msg"), "arguments": {"message": "other"}}),
+            # Sealed with the ledger's own key (as a thief of it could), yet no such call is on record.
+            "not_on_record": signed_but_unrecorded.model_copy(update={"authorization": authorize(
+                ledger_key, signed_but_unrecorded, basis="policy", request_id=None, at=now(),
+                ttl=timedelta(minutes=5))}),
+        }
+        for forged in forgeries.values():
+            await console.send(forged)
+        await asyncio.sleep(3)  # the real authorization's 3 s have passed
+        forgeries["expired"] = real.model_copy(update={"message_id": mint("msg")})
+        await console.send(forgeries["expired"])
+
+        told = {}
+        while len(told) < len(forgeries):
+            alert = await next_event(alerts, "operator.alerted")
+            told[alert.call_id, alert.reason_code] = alert.reason_text
+    assert set(told) == {(forged.call_id, code) for code, forged in forgeries.items()}
+    assert sink.counts["/sink"] == 1, "no forged, altered or expired command ran"
