@@ -218,7 +218,8 @@ class Deployment:
 
     def setup(self) -> None:
         """What `signoff setup` makes for a deployment, made once (its keys)."""
-        keyring.create(self.settings.keys_path, {"cli": ["*"]})
+        # The default keys folder, read without the settings: a test may give bad settings on purpose.
+        keyring.create(self.data_dir / "keys", {"cli": ["*"]})
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Until the process logs that it is ready, or (a standby publisher) standing by."""

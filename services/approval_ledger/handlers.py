@@ -22,7 +22,6 @@ from shared.messages import (
     RespondToApproval,
     StartTurn,
     ToolExecuted,
-    TranscriptCall,
     TranscriptEntry,
     TurnCompleted,
     TurnFailed,
@@ -102,39 +101,22 @@ async def model_step_completed(
     uow.update(records.STEPS, step.id, status="completed", completed_at=uow.now)
     session.updated_at = uow.now
     if report.error is not None:
-        records.end_turn(uow, session, step.turn_id, "failed")
-        uow.emit(
-            session,
-            TurnFailed(
-                session_id=session.id,
-                causation_id=report.message_id,
-                turn_id=step.turn_id,
-                reason_code="provider_failed",
-                reason_text=report.error,
-            ),
+        failed = TurnFailed(
+            session_id=session.id,
+            causation_id=report.message_id,
+            turn_id=step.turn_id,
+            reason_code="provider_failed",
+            reason_text=report.error,
         )
+        records.end_turn(uow, session, failed)
         return
     calls = [_new_call(session, step, proposed) for proposed in report.tool_calls]
-    records.append(
-        uow,
-        session,
-        TranscriptEntry(
-            role="assistant",
-            text=report.text,
-            tool_calls=[
-                TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=c.arguments)
-                for c in calls
-            ],
-        ),
-    )
+    records.assistant_entry(uow, session, report.text, calls)
     if not calls:
-        records.end_turn(uow, session, step.turn_id, "completed", report.text)
-        uow.emit(
-            session,
-            TurnCompleted(
-                session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id, text=report.text
-            ),
+        completed = TurnCompleted(
+            session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id, text=report.text
         )
+        records.end_turn(uow, session, completed)
         return
     earlier = await reads.pending_request_ids(uow, session.id) if loaded.session_waits else []
     pending = await _plan_and_record_calls(ledger, uow, session, calls, earlier, report)

@@ -21,7 +21,10 @@ from shared.messages import (
     RequestModelStep,
     RespondToApproval,
     ToolCallClosed,
+    TranscriptCall,
     TranscriptEntry,
+    TurnCompleted,
+    TurnFailed,
     mint,
 )
 
@@ -82,9 +85,23 @@ def new_turn(uow: UnitOfWork, session: SessionState) -> str:
     return turn_id
 
 
-def end_turn(uow: UnitOfWork, session: SessionState, turn_id: str, status: str, final_text: str | None = None) -> None:
-    uow.update(TURNS, turn_id, status=status, final_text=final_text, completed_at=uow.now)
+def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed) -> None:
+    """The turn ends as the event says, and the session is idle again."""
+    if isinstance(ended, TurnCompleted):
+        uow.update(TURNS, ended.turn_id, status="completed", final_text=ended.text, completed_at=uow.now)
+    else:
+        uow.update(TURNS, ended.turn_id, status="failed", final_text=None, completed_at=uow.now)
     session.status = "idle"
+    uow.emit(session, ended)
+
+
+def assistant_entry(uow: UnitOfWork, session: SessionState, text: str, calls: list[Call]) -> None:
+    """What the model said, with each call it made under the ids Signoff gave it."""
+    made = [
+        TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=c.arguments)
+        for c in calls
+    ]
+    append(uow, session, TranscriptEntry(role="assistant", text=text, tool_calls=made))
 
 
 async def step_request(
