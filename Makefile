@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test lint unit integration crash chaos bench revert-checks install compose-check clean mutation
+.PHONY: run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check services shared
 	$(BIN)/ruff format --check services shared
 	$(BIN)/mypy
+
+# The channel adapters' contract (AsyncAPI), generated from the code; a unit test
+# fails while the committed one differs.
+contract: $(STAMP)
+	$(BIN)/python -m shared.contract > docs/asyncapi.yaml
 
 # The broker-restart test restarts the shared RabbitMQ, so it runs alone, last.
 test: $(STAMP) lint

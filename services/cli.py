@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--session", help="an existing session id, or the id for a new one")
     start.add_argument("--wait", action="store_true", help="follow the session's events until it waits or idles")
     start.add_argument("--provider", help="model provider for a new session (scripted, openai, anthropic)")
+    start.add_argument(
+        "--as",
+        dest="responder",
+        default=os.environ.get("USER", "cli"),
+        help="who starts it (a tool may forbid its starter to approve its calls)",
+    )
     show = session_commands.add_parser("show", help="a session's status, transcript and pending requests")
     show.add_argument("session_id")
 
@@ -75,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             return console.demo(settings)
         if args.command == "session" and args.session_command == "start":
-            return asyncio.run(console.start_session(settings, args.text, args.session, args.wait, args.provider))
+            return asyncio.run(
+                console.start_session(settings, args.text, args.session, args.wait, args.provider, args.responder)
+            )
         if args.command == "session":
             return asyncio.run(console.show_session(settings, args.session_id))
         if args.command == "pending":

@@ -18,11 +18,12 @@ from sqlalchemy import select
 
 from services.supervisor import Supervisor
 from shared import keyring
-from shared.consuming import declare, publish
+from shared.consuming import publish
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
+from shared.provisioning import provision_broker
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
 from shared.signatures import sign
@@ -30,8 +31,14 @@ from shared.topology import Topology
 
 
 class Console:
-    def __init__(self, settings: Settings) -> None:
+    """A channel adapter's side of the bus and the ledger: it starts turns, signs and
+    sends responses, watches events and reads the ledger. It connects as its
+    channel's broker identity (`channel.<SIGNOFF_CHANNEL>`) unless told another
+    (tests use a service's to show what that service may and may not do)."""
+
+    def __init__(self, settings: Settings, identity: str | None = None) -> None:
         self.settings = settings
+        self.identity = identity or f"channel.{settings.channel}"
         self.topology = Topology(settings.namespace, settings.delivery_limit)
         self.engine = create_engine(settings, pool_size=2)
         self.sessions = sessionmaker(self.engine)
@@ -42,16 +49,14 @@ class Console:
 
     async def __aenter__(self) -> Console:
         check_reachable(self.settings)
+        url, self.user = self.settings.amqp_login(self.identity)
         try:
-            self.connection = await aio_pika.connect_robust(self.settings.amqp_url)
+            self.connection = await aio_pika.connect_robust(url)
         except Exception as error:
             raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
-        self.broker = RabbitBroker(self.settings.amqp_url, log_level=logging.DEBUG)
+        self.broker = RabbitBroker(url, log_level=logging.DEBUG)
         await self.broker.connect()
-        # Declare everything first: a command sent before the ledger's first
-        # start must wait in its queue, not vanish unrouted.
-        await declare(self.broker, self.topology)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -61,13 +66,11 @@ class Console:
         await self.engine.dispose()
 
     async def send(self, message: Envelope) -> None:
-        await publish(self.broker, self.topology, message)
+        await publish(self.broker, self.topology, message, user_id=self.user)
 
     async def watch(self, session_id: str = "*") -> aio_pika.abc.AbstractQueue:
         """A private queue of this session's events (bind before acting, so none is missed)."""
-        exchange = await self.channel.declare_exchange(
-            self.topology.events.name, aio_pika.ExchangeType.TOPIC, durable=True
-        )
+        exchange = await self.channel.get_exchange(self.topology.events.name, ensure=False)
         queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(exchange, routing_key=f"#.{session_id}" if session_id != "*" else "#")
         return queue
@@ -113,12 +116,13 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
 
 def setup(settings: Settings) -> int:
     """Everything a deployment needs before its services start, made if missing
-    (idempotent); says what it did."""
+    (idempotent): its keys, and (with broker identities) a RabbitMQ user per
+    service and channel with its permissions, and the namespace's topology.
+    Says what it did."""
     done = keyring.create(settings.keys_path, {settings.channel: ["*"]})
+    done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
     for line in done:
         print(f"signoff setup: {line}")
-    if not done:
-        print(f"signoff setup: nothing to do; keys in {settings.keys_path}")
     return 0
 
 
@@ -132,12 +136,17 @@ async def migrate_only(settings: Settings) -> int:
 
 
 async def start_session(
-    settings: Settings, text: str, session_id: str | None, wait: bool, provider: str | None = None
+    settings: Settings,
+    text: str,
+    session_id: str | None,
+    wait: bool,
+    provider: str | None = None,
+    started_by: str | None = None,
 ) -> int:
     session_id = session_id or mint("ses")
     async with Console(settings) as console:
         queue = await console.watch(session_id) if wait else None
-        await console.send(StartTurn(session_id=session_id, text=text, provider=provider))
+        await console.send(StartTurn(session_id=session_id, text=text, provider=provider, started_by=started_by))
         print(session_id)
         if queue is not None:
             async with queue.iterator() as messages:

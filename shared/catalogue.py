@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.messages import ApprovalCard, ToolDescription
 
@@ -25,6 +25,8 @@ _SECRET_NAME = re.compile(
     r"(pass(word)?|secret|token|api[_-]?key|authori[sz]ation|credential|cookie|private[_-]?key)", re.I
 )
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+# An `approvers` entry that names a group of the catalogue's `groups:` rather than a principal.
+GROUP_PREFIX = "group:"
 
 
 class HttpImplementation(BaseModel):
@@ -55,6 +57,13 @@ class ToolSpec(BaseModel):
     version: str = "1"
     # What the call touches, shown on the card: a template over the arguments.
     target: str | None = None
+    # Who may approve (docs/design.md, "Trust boundaries"): principals and
+    # `group:<name>` entries; empty: anyone a registered channel may assert.
+    approvers: list[str] = []
+    # False: separation of duties, whoever started the session may not approve its calls.
+    starter_may_approve: bool = True
+    # Four eyes and more: this many distinct people must approve; one denial denies.
+    approvals_required: int = Field(default=1, ge=1)
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
 
     def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
@@ -94,6 +103,40 @@ class ToolSpec(BaseModel):
 class ToolCatalogue(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tools: list[ToolSpec]
+    # Group name -> its principals, for tools' `approvers` (`group:<name>`).
+    groups: dict[str, list[str]] = {}
+
+    @model_validator(mode="after")
+    def _approvers_can_approve(self) -> ToolCatalogue:
+        """A tool's approvers name only declared groups, and are enough for its
+        `approvals_required`: a request nobody could ever approve is a mistake in
+        the catalogue, refused when it is loaded rather than found by a waiting person."""
+        for tool in self.tools:
+            unknown = [
+                e for e in tool.approvers if e.startswith(GROUP_PREFIX) and e[len(GROUP_PREFIX) :] not in self.groups
+            ]
+            if unknown:
+                raise ValueError(f"tool {tool.name!r} names undeclared approver groups: {', '.join(unknown)}")
+            approvers = self.approvers_of(tool)
+            if approvers is not None and len(approvers) < tool.approvals_required:
+                raise ValueError(
+                    f"tool {tool.name!r} requires {tool.approvals_required} approvals "
+                    f"but names only {len(approvers)} approver(s)"
+                )
+        return self
+
+    def approvers_of(self, tool: ToolSpec) -> frozenset[str] | None:
+        """The principals who may approve the tool, its groups resolved; None: anyone."""
+        if not tool.approvers:
+            return None
+        principals: set[str] = set()
+        for entry in tool.approvers:
+            if entry.startswith(GROUP_PREFIX):
+                # Declared: the catalogue refuses an undeclared group when it is loaded.
+                principals.update(self.groups[entry[len(GROUP_PREFIX) :]])
+            else:
+                principals.add(entry)
+        return frozenset(principals)
 
     @cached_property
     def by_name(self) -> dict[str, ToolSpec]:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from faststream.rabbit import RabbitBroker, RabbitMessage
+from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitMessage
 from pydantic import TypeAdapter, ValidationError
 
 from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
@@ -31,6 +31,9 @@ log = logging.getLogger("signoff.consuming")
 # How many times the message being handled was delivered before and not acked:
 # a handler that died mid-way leaves its mark here (quorum queues count it).
 previous_deliveries: ContextVar[int] = ContextVar("previous_deliveries", default=0)
+# The broker user that published the message being handled (the AMQP `user_id`,
+# which RabbitMQ checks against the publishing connection's user): who sent it.
+sender: ContextVar[str | None] = ContextVar("sender", default=None)
 
 
 class Rejected(Exception):
@@ -52,8 +55,10 @@ class Inbound:
         topology: Topology,
         max_bytes: int,
         dedupe_ttl: int,
+        user_id: str,
     ) -> None:
         self.consumer = consumer
+        self.user_id = user_id
         self.broker = broker
         self.redis = redis
         self.topology = topology
@@ -83,6 +88,7 @@ class Inbound:
             return
         delivered_before = int((raw.headers or {}).get("x-delivery-count") or 0)
         previous_deliveries.set(delivered_before)
+        sender.set(raw.raw_message.user_id)
         work = asyncio.ensure_future(handle(message))
         try:
             # A lost broker connection cancels the consumer; the work itself is
@@ -140,6 +146,7 @@ class Inbound:
             routing_key=code,
             persist=True,
             message_id=raw.message_id or None,
+            user_id=self.user_id,
             headers={
                 REASON_HEADER: code,
                 DETAIL_HEADER: detail[:2000],
@@ -166,23 +173,26 @@ def _describe(error: ValidationError) -> str:
 
 
 async def declare(broker: RabbitBroker, topology: Topology) -> None:
-    """Declare every exchange, queue and binding (idempotent).
-
-    Every service does this at start-up, so a message published before its
-    consumer first starts waits in its queue instead of vanishing unrouted.
-    """
-    commands = await broker.declare_exchange(topology.commands)
-    await broker.declare_exchange(topology.events)
-    dead = await broker.declare_exchange(topology.dead)
+    """Declare every exchange, queue and binding (idempotent): `signoff setup` does,
+    with the broker's administrator, before any service starts, so a message
+    published before its consumer first starts waits in its queue instead of
+    vanishing unrouted. The services themselves may not declare exchanges."""
+    exchanges = {}
+    for name in topology.all_exchange_names():
+        kind = {topology.events.name: ExchangeType.TOPIC, topology.dead.name: ExchangeType.FANOUT}.get(
+            name, ExchangeType.DIRECT
+        )
+        exchanges[name] = await broker.declare_exchange(RabbitExchange(name, type=kind, durable=True))
     dlq = await broker.declare_queue(topology.dead_letter_queue)
-    await dlq.bind(dead)
+    await dlq.bind(exchanges[topology.dead.name])
     for message_type in COMMAND_TYPES:
         queue = await broker.declare_queue(topology.inbound_queue(message_type))
-        await queue.bind(commands, routing_key=message_type)
+        await queue.bind(exchanges[topology.inbound_exchange(message_type).name], routing_key=message_type)
 
 
-async def publish(broker: RabbitBroker, topology: Topology, message: Envelope) -> None:
-    """Publish one message persistently and wait for RabbitMQ's confirm."""
+async def publish(broker: RabbitBroker, topology: Topology, message: Envelope, *, user_id: str) -> None:
+    """Publish one message persistently, as `user_id` (the connection's own user,
+    which RabbitMQ checks), and wait for RabbitMQ's confirm."""
     exchange, routing_key = topology.route(message)
     await broker.publish(
         encode(message),
@@ -192,4 +202,5 @@ async def publish(broker: RabbitBroker, topology: Topology, message: Envelope) -
         message_id=message.message_id,
         content_type="application/json",
         mandatory=False,
+        user_id=user_id,
     )

@@ -112,6 +112,10 @@ class StartTurn(Envelope):
     text: str = Field(min_length=1, max_length=100_000)
     # The model provider for a new session (e.g. "openai"); the default when unset.
     provider: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9_-]+$")
+    # The principal who started the turn (the CLI fills it in): kept on the turn, and
+    # on the session for its first turn, so that a tool that forbids it can refuse the
+    # starter's approval (separation of duties, docs/design.md "Trust boundaries").
+    started_by: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class RespondToApproval(Envelope):
@@ -134,9 +138,13 @@ class RespondToApproval(Envelope):
     # The registered channel whose key signed it, and the signature.
     key_id: str | None = Field(default=None, max_length=64)
     signature: str | None = Field(default=None, max_length=200)
+    # A one-time token from the request's card (a link or button): the channel that
+    # received the click signs the response, which names `token:<channel>` as its
+    # responder (no person), and the token may be redeemed once, for its request only.
+    response_token: str | None = Field(default=None, min_length=1, max_length=100)
 
     def signed_part(self) -> dict[str, Any]:
-        return {
+        signed = {
             "response_id": self.response_id,
             "session_id": self.session_id,
             "request_id": self.request_id,
@@ -148,6 +156,10 @@ class RespondToApproval(Envelope):
             "issued_at": self.issued_at.isoformat(),
             "key_id": self.key_id,
         }
+        # Only when redeemed: an adapter that never uses tokens never signs the field.
+        if self.response_token is not None:
+            signed["response_token"] = self.response_token
+        return signed
 
 
 class RequestModelStep(Envelope):
@@ -211,6 +223,23 @@ class ApprovalRequested(Envelope):
     # The session now waits on a person for these requests, this one included
     # (invariant 5): every card also says what else is open in its session.
     pending_request_ids: list[Identifier]
+    # How many distinct people must approve (the tool's `approvals_required`).
+    approvals_required: int = Field(default=1, ge=1)
+    # The request's one-time response token, shown only here (the ledger keeps its
+    # hash): a channel may answer with it instead of naming a person.
+    response_token: str | None = None
+
+
+class ApprovalCounted(Envelope):
+    """An approval counted towards a request that needs several: still pending."""
+
+    type: Literal["approval.counted"] = "approval.counted"
+    request_id: Identifier
+    call_id: Identifier
+    responder: str
+    # Distinct approvals so far, this one included, and how many the tool requires.
+    count: int = Field(ge=1)
+    required: int = Field(ge=1)
 
 
 class ApprovalDecided(Envelope):
@@ -267,6 +296,7 @@ LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted,
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 Event = Annotated[
     ApprovalRequested
+    | ApprovalCounted
     | ApprovalDecided
     | ToolCallClosed
     | OperatorAlerted
@@ -285,6 +315,7 @@ AnyMessage = Annotated[
     | RequestModelStep
     | ExecuteTool
     | ApprovalRequested
+    | ApprovalCounted
     | ApprovalDecided
     | ToolCallClosed
     | OperatorAlerted

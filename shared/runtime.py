@@ -19,7 +19,7 @@ from faststream.rabbit.schemas import Channel
 from pydantic import TypeAdapter
 
 from shared import faults
-from shared.consuming import Inbound, declare
+from shared.consuming import Inbound
 from shared.settings import Settings
 from shared.topology import Topology
 
@@ -73,8 +73,10 @@ class Runtime:
         self.settings = settings
         self.name = name
         self.topology = Topology(settings.namespace, settings.delivery_limit)
+        # Its own broker identity: RabbitMQ lets it write only its own exchange.
+        self.amqp_url, self.user = settings.amqp_login(name)
         self.broker = RabbitBroker(
-            settings.amqp_url,
+            self.amqp_url,
             default_channel=Channel(prefetch_count=settings.prefetch),
             log_level=logging.DEBUG,
             graceful_timeout=10,
@@ -103,6 +105,7 @@ class Runtime:
             topology=self.topology,
             max_bytes=self.settings.max_message_bytes,
             dedupe_ttl=self.settings.dedupe_ttl_seconds,
+            user_id=self.user,
         )
 
     def consume(
@@ -118,7 +121,7 @@ class Runtime:
 
         @self.broker.subscriber(
             self.topology.inbound_queue(message_type),
-            self.topology.commands,
+            self.topology.inbound_exchange(message_type),
             ack_policy=AckPolicy.MANUAL,
             decoder=_the_message_itself,
         )
@@ -126,7 +129,7 @@ class Runtime:
             await inbound.receive(message, adapter, handle)
 
     async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
-        """Connect, declare the topology, consume until told to stop."""
+        """Connect, consume until told to stop. The topology is `signoff setup`'s to declare."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -138,7 +141,6 @@ class Runtime:
                 raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
             stack.push_async_callback(self.broker.stop)
             stack.push_async_callback(self._close_redis)
-            await declare(self.broker, self.topology)
             await self.broker.start()
             task = asyncio.create_task(background()) if background else None
             log.info("%s ready (namespace %s)", self.name, self.settings.namespace)

@@ -7,6 +7,7 @@ Settings object at start-up, never at import time.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -57,6 +58,12 @@ class Settings(BaseSettings):
     response_window_seconds: float = 300.0
     # How long the ledger's authorization on a `tool.execute` holds.
     authorization_ttl_seconds: float = 24 * 3600.0
+    # Each service and channel connects to RabbitMQ as its own user, with only the
+    # permissions it needs (`signoff setup` makes them); off: everyone connects as
+    # the user of SIGNOFF_RABBITMQ_URL and the ledger does not check senders.
+    broker_identities: bool = True
+    # RabbitMQ's management API, used by `signoff setup` alone, as an administrator.
+    rabbitmq_admin_url: str = "http://guest:guest@localhost:15672/"
 
     @field_validator("namespace")
     @classmethod
@@ -90,6 +97,28 @@ class Settings(BaseSettings):
     @property
     def keys_path(self) -> Path:
         return self.keys_dir or self.data_dir / "keys"
+
+    def broker_password_file(self, name: str) -> Path:
+        return self.keys_path / "rabbitmq" / f"{name}.password"
+
+    def amqp_login(self, name: str) -> tuple[str, str]:
+        """(URL, user) a process connects as: the broker identity `name` (a service,
+        or `channel.<name>`) with the password `signoff setup` made for it, or,
+        without broker identities, SIGNOFF_RABBITMQ_URL's own user."""
+        url = urlsplit(self.amqp_url)
+        if not self.broker_identities:
+            return self.amqp_url, unquote(url.username or "guest")
+        user = f"{self.namespace}.{name}"
+        try:
+            password = self.broker_password_file(name).read_text().strip()
+        except FileNotFoundError:
+            raise SystemExit(
+                f"signoff: no broker password for {user} at {self.broker_password_file(name)}; run `signoff setup` "
+                "(or set SIGNOFF_BROKER_IDENTITIES=false to connect as the user of SIGNOFF_RABBITMQ_URL)"
+            ) from None
+        host = url.hostname or "localhost"
+        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{url.port}" if url.port else "")
+        return urlunsplit((url.scheme, netloc, url.path, url.query, url.fragment)), user
 
     @property
     def is_postgres(self) -> bool:

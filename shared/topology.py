@@ -1,12 +1,21 @@
-"""Exchanges, queues and routing: one place that names them all.
+"""Exchanges, queues, routing and who may use them: one place that names them all.
 
 Every name starts with the namespace, so deployments and parallel tests share a
 broker without seeing each other. Queues are durable quorum queues with an
 explicit delivery limit (RabbitMQ 3.10 sets none) and a dead-letter exchange.
+
+Each sender has an exchange of its own, and only its broker identity may write
+it (docs/design.md, "Trust boundaries"): channel adapters publish turns and
+responses to `<ns>.channels`, the model-step its reports to
+`<ns>.model-step.reports`, the executor its reports to
+`<ns>.tool-executor.reports`, and the publisher, relaying the ledger's outbox,
+commands to `<ns>.commands` and events to `<ns>.events`. So the model-step, or a
+tool running inside the executor, cannot even put an approval on the bus.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
@@ -26,6 +35,33 @@ SERVICE_QUEUES = {
     "tool.execute": "tool-executor.requests",
 }
 COMMAND_TYPES = {**LEDGER_QUEUES, **SERVICE_QUEUES}
+# Who sends each command: a service's broker identity, or "channel" for any channel adapter.
+SENDERS = {
+    "turn.start": "channel",
+    "approval.respond": "channel",
+    "step.completed": "model-step",
+    "tool.completed": "tool-executor",
+    "execution.refused": "tool-executor",
+    "step.requested": "publisher",
+    "tool.execute": "publisher",
+}
+# The exchange each sender publishes its commands to (short names).
+SENDER_EXCHANGES = {
+    "channel": "channels",
+    "model-step": "model-step.reports",
+    "tool-executor": "tool-executor.reports",
+    "publisher": "commands",
+}
+SERVICES = ("approval-ledger", "publisher", "model-step", "tool-executor")
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """RabbitMQ's three regular expressions over resource names (vhost-wide)."""
+
+    configure: str
+    write: str
+    read: str
 
 
 @dataclass(frozen=True)
@@ -33,31 +69,38 @@ class Topology:
     namespace: str
     delivery_limit: int = 20
 
+    def _name(self, short: str) -> str:
+        return f"{self.namespace}.{short}"
+
+    def exchange(self, short: str, kind: ExchangeType = ExchangeType.DIRECT) -> RabbitExchange:
+        # Not declared by the services (they may not): `signoff setup` declares the topology.
+        return RabbitExchange(self._name(short), type=kind, durable=True, declare=False)
+
     @property
     def commands(self) -> RabbitExchange:
-        return RabbitExchange(f"{self.namespace}.commands", type=ExchangeType.DIRECT, durable=True)
+        return self.exchange("commands")
 
     @property
     def events(self) -> RabbitExchange:
         """Channel adapters bind here by `<event type>.<session id>`, e.g. `approval.requested.*`."""
-        return RabbitExchange(f"{self.namespace}.events", type=ExchangeType.TOPIC, durable=True)
+        return self.exchange("events", ExchangeType.TOPIC)
 
     @property
     def dead(self) -> RabbitExchange:
-        return RabbitExchange(f"{self.namespace}.dead", type=ExchangeType.FANOUT, durable=True)
+        return self.exchange("dead", ExchangeType.FANOUT)
 
     @property
     def dead_letter_queue(self) -> RabbitQueue:
         """No delivery limit: listing parked messages returns them unacked, and that
         must never count against them (`signoff dead-letters`)."""
         return RabbitQueue(
-            f"{self.namespace}.dead-letters",
+            self._name("dead-letters"),
             queue_type=QueueType.QUORUM,
             durable=True,
         )
 
     def queue_name(self, short: str) -> str:
-        return f"{self.namespace}.{short}"
+        return self._name(short)
 
     def queue(self, short: str, routing_key: str) -> RabbitQueue:
         return RabbitQueue(
@@ -74,15 +117,72 @@ class Topology:
     def inbound_queue(self, message_type: str) -> RabbitQueue:
         return self.queue(COMMAND_TYPES[message_type], message_type)
 
+    def inbound_exchange(self, message_type: str) -> RabbitExchange:
+        """The exchange a command arrives through: its sender's own."""
+        return self.exchange(SENDER_EXCHANGES[SENDERS[message_type]])
+
     def route(self, message: Envelope) -> tuple[str, str]:
         """(exchange name, routing key) for a message."""
         kind = message.type
         if kind in COMMAND_TYPES:
-            return self.commands.name, kind
+            return self.inbound_exchange(kind).name, kind
         return self.events.name, f"{kind}.{message.session_id}"
 
     def all_queue_names(self) -> list[str]:
         return [self.queue_name(q) for q in COMMAND_TYPES.values()] + [self.dead_letter_queue.name]
 
     def all_exchange_names(self) -> list[str]:
-        return [self.commands.name, self.events.name, self.dead.name]
+        return [self._name(short) for short in (*SENDER_EXCHANGES.values(), "events", "dead")]
+
+    # --- identities --------------------------------------------------------------
+
+    def identity(self, name: str) -> str:
+        """The broker user of a service (`approval-ledger`, …) or of a channel (`channel.<name>`)."""
+        return self._name(name)
+
+    def sender_kind(self, user_id: str | None) -> str | None:
+        """Which sender a broker user is, as `SENDERS` names them; None for any other."""
+        prefix = self.namespace + "."
+        if not user_id or not user_id.startswith(prefix):
+            return None
+        name = user_id[len(prefix) :]
+        if name.startswith("channel."):
+            return "channel"
+        return name if name in SERVICES else None
+
+    def may_send(self, message_type: str, user_id: str | None) -> bool:
+        return self.sender_kind(user_id) == SENDERS.get(message_type)
+
+    def permissions(self, name: str) -> Permissions:
+        """Least privilege for a service or channel: configure its own queues, write
+        its own exchange (and the dead-letter exchange, to park bad input), read its
+        own queues and the exchanges they are bound to."""
+        ns = re.escape(self.namespace)
+
+        def any_of(*names: str) -> str:
+            return "^(" + "|".join(names) + ")$" if names else "^$"
+
+        dead = rf"{ns}\.dead"
+        own_queues = {
+            "approval-ledger": rf"{ns}\.ledger\..+",
+            "model-step": rf"{ns}\.model-step\.requests",
+            "tool-executor": rf"{ns}\.tool-executor\.requests",
+        }
+        if name == "publisher":
+            return Permissions(any_of(), any_of(rf"{ns}\.commands", rf"{ns}\.events"), any_of())
+        if name.startswith("channel."):
+            # A channel adapter (and the operator's CLI) publishes turns and responses,
+            # and watches events through exclusive queues of its own (named by the
+            # server, `amq.gen-…`, or by aio-pika, `amq_…`); it may read any of the
+            # namespace's exchanges and the dead letters.
+            private = r"amq(\.gen-|_).+"
+            return Permissions(any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\..+", private))
+        queue = own_queues[name]
+        sources = [rf"{ns}\.{re.escape(SENDER_EXCHANGES[s])}" for s in {SENDERS[t] for t in _consumed_by(name)}]
+        writes = [queue, dead] + ([rf"{ns}\.{re.escape(SENDER_EXCHANGES[name])}"] if name in SENDER_EXCHANGES else [])
+        return Permissions(any_of(queue), any_of(*writes), any_of(queue, *sorted(sources)))
+
+
+def _consumed_by(service: str) -> list[str]:
+    prefix = "ledger." if service == "approval-ledger" else f"{service}."
+    return [kind for kind, queue in COMMAND_TYPES.items() if queue.startswith(prefix)]

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +34,15 @@ from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
 from services.warm_start import SERVICES as SERVICE_MODULES
 from shared import keyring
+from shared.provisioning import provision_broker, remove_broker_identities
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
 from tests.invariants import queues_left
 
 RABBITMQ_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_URL", "amqp://guest:guest@localhost:5672/")
 REDIS_URL = os.environ.get("SIGNOFF_TEST_REDIS_URL", "redis://localhost:6379/0")
+# RabbitMQ's management API: `signoff setup` makes each deployment's broker users through it.
+RABBITMQ_ADMIN_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_ADMIN_URL", "http://guest:guest@localhost:15672/")
 POSTGRES_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@localhost:5432/test")
 SERVICES = tuple(SERVICE_MODULES)
 
@@ -159,6 +163,7 @@ class Deployment:
     # True: every start is a new interpreter (`python -m services.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
     cold: bool = False
+    _set_up: bool = False
 
     @property
     def schema(self) -> str | None:
@@ -170,6 +175,7 @@ class Deployment:
             SIGNOFF_NAMESPACE=self.namespace,
             SIGNOFF_DATA_DIR=str(self.data_dir),
             SIGNOFF_RABBITMQ_URL=RABBITMQ_URL,
+            SIGNOFF_RABBITMQ_ADMIN_URL=RABBITMQ_ADMIN_URL,
             SIGNOFF_REDIS_URL=REDIS_URL,
             SIGNOFF_TOOLS_FILE=str(self.tools_file),
             SIGNOFF_SCRIPT_FILE=str(self.script_file),
@@ -217,9 +223,17 @@ class Deployment:
             self.wait_ready(name)
 
     def setup(self) -> None:
-        """What `signoff setup` makes for a deployment, made once (its keys)."""
+        """What `signoff setup` makes for a deployment, made once: its keys, its broker
+        users (one per service and channel) and its topology. Services and consoles
+        then connect as their own identities, never as the broker's administrator."""
+        if self._set_up:
+            return
         # The default keys folder, read without the settings: a test may give bad settings on purpose.
         keyring.create(self.data_dir / "keys", {"cli": ["*"]})
+        channels = sorted(keyring.channels(self.data_dir / "keys"))
+        with ThreadPoolExecutor(1) as thread:  # callers may be inside an event loop
+            thread.submit(asyncio.run, provision_broker(self.settings, channels)).result()
+        self._set_up = True
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Until the process logs that it is ready, or (a standby publisher) standing by."""
@@ -285,8 +299,10 @@ class Deployment:
     # --- clients -------------------------------------------------------------
 
     @asynccontextmanager
-    async def console(self):
-        async with Console(self.settings) as console:
+    async def console(self, identity: str | None = None):
+        """A console as the CLI's channel, or as `identity` (a service: what it may do)."""
+        self.setup()
+        async with Console(self.settings, identity) as console:
             yield console
 
     @asynccontextmanager
@@ -320,6 +336,8 @@ class Deployment:
             for name in topology.all_exchange_names():
                 await channel.exchange_delete(name)
         await self.forget_redis()
+        if self._set_up:
+            await remove_broker_identities(self.settings, sorted(keyring.channels(self.data_dir / "keys")))
         if self.store == "postgres":
             engine = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url)
             async with engine.begin() as conn:

@@ -8,6 +8,8 @@ listed in docs/design.md, "Where each rule lives".
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from shared.catalogue import ToolCatalogue, ToolSpec
 from shared.keyring import Channel
 from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, ToolExecuted, TranscriptEntry
 from shared.signatures import verify
+from shared.topology import Topology
 
 # Closure kinds and the reasons that are not a person's decision (invariant 5).
 CLOSURE_KINDS = ("output", "error", "denied", "expired", "cancelled", "outcome_unknown")
@@ -74,13 +77,23 @@ class Step:
 
 @dataclass(frozen=True)
 class RequestOnRecord:
-    """An approval request and the call it asks about."""
+    """An approval request and the call it asks about, with what deciding who may
+    answer it needs."""
 
     id: str
     session_id: str
     status: str
     args_digest: str
     call_id: str
+    tool: str = ""
+    # The hash of its one-time response token, and whether that token was redeemed.
+    token_hash: str | None = None
+    token_used: bool = False
+    # Who started the session and the call's turn, as far as recorded.
+    starters: frozenset[str] = frozenset()
+    # Distinct approvals counted so far, and whether the responder at hand gave one of them.
+    approvals: int = 0
+    approved_by_responder: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,18 @@ class Refusal:
 
     reason_code: str
     reason_text: str
+
+
+# --- senders ----------------------------------------------------------------------
+
+
+def refuse_sender(message_type: str, user_id: str | None, topology: Topology) -> Refusal | None:
+    """A command counts only from the broker identity that may send it: a turn or a
+    response from a channel, a step's result from the model-step, a tool's from the
+    executor (RabbitMQ vouches for the `user_id`)."""
+    if topology.may_send(message_type, user_id):
+        return None
+    return Refusal("unauthorized_sender", f"{user_id or 'a sender without a user id'} may not send {message_type}.")
 
 
 # --- turns ------------------------------------------------------------------------
@@ -190,7 +215,7 @@ def authenticate_response(
         return Refusal("unknown_key", f"No channel is registered as {response.key_id!r}.")
     if not verify(channel.public_key, response.signed_part(), response.signature):
         return Refusal("bad_signature", "The signature does not match the response or the channel's key.")
-    if not channel.may_assert(response.responder):
+    if not may_name(channel, response):
         return Refusal("wrong_principal", f"Channel {channel.name!r} may not respond as {response.responder!r}.")
     if abs(response.issued_at - at) > window:
         return Refusal(
@@ -201,6 +226,28 @@ def authenticate_response(
     return None
 
 
+TOKEN_RESPONDER_PREFIX = "token:"
+
+
+def token_responder(channel: str) -> str:
+    """Who a token response is recorded as: no person, the channel that received it."""
+    return TOKEN_RESPONDER_PREFIX + channel
+
+
+def may_name(channel: Channel, response: RespondToApproval) -> bool:
+    """A response with a token names `token:<its channel>` and nobody else; one
+    without names a principal the channel may assert, never a `token:` one (so no
+    channel can pass a person's answer off as a token's, or the other way round)."""
+    if response.response_token is not None:
+        return response.responder == token_responder(channel.name)
+    return not response.responder.startswith(TOKEN_RESPONDER_PREFIX) and channel.may_assert(response.responder)
+
+
+def token_hash(token: str) -> str:
+    """What the ledger keeps of a response token: its SHA-256, never the token."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
 REPLAYED = Refusal("replayed", "This response id was used before; a response counts once.")
 
 UNKNOWN_REQUEST = Refusal("unknown_request", "No approval request with that id exists in this session.")
@@ -208,10 +255,13 @@ UNKNOWN_REQUEST = Refusal("unknown_request", "No approval request with that id e
 
 def judge_response(request: RequestOnRecord | None, response: RespondToApproval) -> Refusal | None:
     """Whether a response may decide a request: it must name a pending request of
-    its own session, and an approval must carry the digest of the arguments shown
-    (invariant 6). None: it may."""
+    its own session, a token must be that request's and unused, and an approval
+    must carry the digest of the arguments shown (invariant 6). None: it may."""
     if request is None or request.session_id != response.session_id:
         return UNKNOWN_REQUEST
+    refused = judge_token(request, response.response_token)
+    if refused:
+        return refused
     if request.status != "pending":
         return Refusal("already_decided", f"The request is already {request.status}.")
     if response.decision == "approve" and response.args_digest != request.args_digest:
@@ -219,6 +269,102 @@ def judge_response(request: RequestOnRecord | None, response: RespondToApproval)
             "digest_mismatch", "The approval names different arguments from the ones shown; refusing to run them."
         )
     return None
+
+
+def judge_token(request: RequestOnRecord, token: str | None) -> Refusal | None:
+    """A response token counts only for the request it was minted with (its hash,
+    compared in constant time) and only once. None: no token, or a good one."""
+    if token is None:
+        return None
+    if request.token_hash is None or not hmac.compare_digest(token_hash(token), request.token_hash):
+        return Refusal("bad_token", "The response token is not this request's.")
+    if request.token_used:
+        return Refusal("token_used", "The response token was used before; a token counts once.")
+    return None
+
+
+# --- who may approve ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """Who may approve a tool's calls, and how many must."""
+
+    # The principals who may approve; None: anyone a registered channel may assert.
+    approvers: frozenset[str] | None = None
+    starter_may_approve: bool = True
+    approvals_required: int = 1
+
+
+# A request whose tool left the catalogue: nobody may approve it (it may still be denied).
+NOBODY = ApprovalPolicy(approvers=frozenset())
+
+
+def approval_policy(catalogue: ToolCatalogue, tool: str) -> ApprovalPolicy:
+    """The tool's declaration as the catalogue has it now (groups resolved now, so
+    a person taken out of a group can no longer approve a pending request)."""
+    spec = catalogue.get(tool)
+    if spec is None:
+        return NOBODY
+    return ApprovalPolicy(catalogue.approvers_of(spec), spec.starter_may_approve, spec.approvals_required)
+
+
+def judge_approver(policy: ApprovalPolicy, request: RequestOnRecord, response: RespondToApproval) -> Refusal | None:
+    """Whether this responder may approve: one of the tool's approvers; not the
+    session's or the turn's starter when the tool forbids it (which a token, naming
+    no person, and an unrecorded starter cannot show); and not one who approved the
+    request already. A denial stops a call, which is always safe: anyone a channel
+    vouches for may deny. None: the response may count."""
+    if response.decision != "approve":
+        return None
+    responder = response.responder
+    anonymous = response.response_token is not None
+    if policy.approvers is not None and responder not in policy.approvers:
+        return Refusal("not_an_approver", f"{responder!r} is not among the approvers of {request.tool!r}.")
+    if anonymous and (not policy.starter_may_approve or policy.approvals_required > 1):
+        return Refusal(
+            "anonymous_approval",
+            f"A response token names no person; {request.tool!r} needs approvals from known people.",
+        )
+    if not policy.starter_may_approve:
+        if not request.starters:
+            return Refusal(
+                "starter_unknown",
+                f"Who started the session is not on record, so {request.tool!r} cannot be approved "
+                "by someone other than its starter.",
+            )
+        if responder in request.starters:
+            return Refusal(
+                "starter_may_not_approve", f"{responder!r} started the session; {request.tool!r} needs someone else."
+            )
+    if request.approved_by_responder:
+        return Refusal("already_approved", f"{responder!r} approved this request already; it needs another person.")
+    return None
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Where a request stands after an accepted response."""
+
+    # Distinct approvals, this response's included (0 for a denial).
+    count: int
+    required: int
+    # Whether the response decides the request (a denial, or the last approval needed).
+    decides: bool
+
+
+def tally(policy: ApprovalPolicy, request: RequestOnRecord, decision: str) -> Tally:
+    """One denial decides; approvals are counted until the tool's required number
+    of distinct people have approved, and the last of them decides."""
+    if decision != "approve":
+        return Tally(request.approvals, policy.approvals_required, decides=True)
+    count = request.approvals + 1
+    return Tally(count, policy.approvals_required, decides=count >= policy.approvals_required)
+
+
+def session_starter(current: str | None, turn_starter: str | None) -> str | None:
+    """The session's starter is whoever started its first turn that names one."""
+    return current or turn_starter
 
 
 def request_status_after(decision: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.catalogue import ToolCatalogue
+from shared.consuming import sender
 from shared.messages import (
     ApprovalDecided,
     Envelope,
@@ -44,6 +45,8 @@ class Ledger:
     catalogue: ToolCatalogue
     authority: Authority
     default_provider: str
+    # With broker identities, a message counts only from the service or channel that may send it.
+    check_senders: bool
     notify_channel: str | None = None
 
     def unit_of_work(self) -> UnitOfWork:
@@ -52,17 +55,24 @@ class Ledger:
 
 def transition(handler):
     """Run a handler as one unit of work: lock the session, record the message in
-    the inbox (a duplicate ends here, silently), apply, commit state and outbox."""
+    the inbox (a duplicate ends here, silently), refuse it if its sender may not
+    send it, else apply; commit state and outbox."""
 
     @functools.wraps(handler)
     async def apply(ledger: Ledger, message: Envelope) -> None:
-        # A turn may open a session; no other message may.
-        provider = (message.provider or ledger.default_provider) if isinstance(message, StartTurn) else None
+        refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
+        # A turn may open a session; no other message, nor a refused turn, may.
+        provider = None
+        if isinstance(message, StartTurn) and refused is None:
+            provider = message.provider or ledger.default_provider
         async with ledger.unit_of_work() as uow:
             try:
                 session = await uow.lock_session(message.session_id, create_with_provider=provider)
                 await uow.receive(message)
-                await handler(ledger, uow, session, message)
+                if refused:
+                    records.refusal(uow, session, message, refused)
+                else:
+                    await handler(ledger, uow, session, message)
                 await uow.commit()
             except Duplicate:
                 return
@@ -77,7 +87,8 @@ async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | No
     if refused:
         records.refusal(uow, session, command, refused)
         return
-    turn_id = records.new_turn(uow, session)
+    turn_id = records.new_turn(uow, session, command.started_by)
+    records.session_starter(uow, session, domain.session_starter(session.started_by, command.started_by))
     records.append(uow, session, TranscriptEntry(role="user", text=command.text))
     session.updated_at = uow.now
     await records.step_request(uow, session, turn_id, ledger.catalogue, command)
@@ -165,7 +176,10 @@ async def _plan_and_record_calls(
             request_id = request_ids[call.id]
             digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
             card = plan.spec.card(call.arguments)
-            records.approval_request(uow, session, call, request_id, card, digest, pending, cause)
+            required = plan.spec.approvals_required
+            records.approval_request(
+                uow, session, call, request_id, card, digest, pending, cause, approvals_required=required
+            )
         else:
             records.execution(uow, session, call, cause, ledger.authority, request_id=None, stored=False)
         records.new_call(uow, call, position, arguments_fingerprint(call.arguments))
@@ -180,12 +194,32 @@ async def respond_to_approval(
     refused = domain.authenticate_response(
         response, authority.channels, at=uow.now, window=authority.response_window
     ) or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
-    request, step = await reads.request_and_calls(uow, response.request_id, response.session_id)
+    request, step = await reads.request_and_calls(uow, response.request_id, response.session_id, response.responder)
     refused = refused or domain.judge_response(request if session else None, response)
+    policy = domain.approval_policy(ledger.catalogue, request.tool) if request else domain.NOBODY
+    refused = refused or (domain.judge_approver(policy, request, response) if request else None)
     if refused:
         records.refusal(uow, session, response, refused)
         return
     assert session is not None and request is not None
+    records.accepted(uow, request, response)
+    counted = domain.tally(policy, request, response.decision)
+    if not counted.decides:
+        records.approval_counted(uow, session, request, response, counted)
+        return
+    await _decide(ledger, uow, session, request, step, response)
+
+
+async def _decide(
+    ledger: Ledger,
+    uow: UnitOfWork,
+    session: SessionState,
+    request: domain.RequestOnRecord,
+    step: reads.StepCalls,
+    response: RespondToApproval,
+) -> None:
+    """The request is decided by this response: an approval runs the call, a denial
+    closes it; then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     uow.update(records.APPROVAL_REQUESTS, request.id, status=domain.request_status_after(response.decision))
@@ -205,7 +239,7 @@ async def respond_to_approval(
     )
     session.updated_at = uow.now
     if response.decision == "approve":
-        records.execution(uow, session, call, response, authority, request_id=request.id)
+        records.execution(uow, session, call, response, ledger.authority, request_id=request.id)
     else:
         records.closure(uow, session, call, domain.closure_of_denial(response.reason), response)
     resumed = domain.resume(step.calls, session_waits=step.session_waits)

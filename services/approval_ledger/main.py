@@ -38,6 +38,7 @@ async def run(settings: Settings) -> None:
         topology=runtime.topology,
         catalogue=load_catalogue(settings.tools_file),
         authority=authority,
+        check_senders=settings.broker_identities,
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Row, bindparam, select
+from sqlalchemy import Row, bindparam, func, select, union_all
 
 from shared.ledger.tables import TABLES
 from shared.messages import TranscriptEntry
@@ -23,7 +23,10 @@ TRANSCRIPT = TABLES["transcript"]
 TOOL_CALLS = TABLES["tool_calls"]
 APPROVAL_REQUESTS = TABLES["approval_requests"]
 DECISIONS = TABLES["decisions"]
+APPROVALS = TABLES["approvals"]
 CLOSURES = TABLES["closures"]
+TURNS = TABLES["turns"]
+SESSIONS = TABLES["sessions"]
 
 _pending = APPROVAL_REQUESTS.alias("pending")
 
@@ -49,7 +52,11 @@ _PENDING = (
     .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
     .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
 )
-_RESPONSE_USED = select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id"))
+# A response id counts once: as a decision, or as one approval of several.
+_RESPONSE_USED = union_all(
+    select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")),
+    select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")),
+)
 # Every call of a step, in the model's order, with what resuming the step needs:
 # its closure, its decision's note, the step's turn, and whether the session waits.
 _target = TOOL_CALLS.alias("target")
@@ -84,8 +91,13 @@ _CALL_AND_SIBLINGS = (
     .order_by(TOOL_CALLS.c.position)
 )
 # An approval request, its call and the other calls of its step; whether the session
-# waits on a request other than this one (which this response decides).
+# waits on a request other than this one (which this response decides); who started
+# the session and the call's turn; the approvals counted so far, and whether the
+# responder gave one of them.
 _request = APPROVAL_REQUESTS.alias("request")
+_turn = TURNS.alias("turn")
+_session = SESSIONS.alias("session")
+_approvals = APPROVALS.alias("counted")
 _REQUEST_AND_CALLS = (
     select(
         _request.c.id.label("request_id"),
@@ -93,13 +105,24 @@ _REQUEST_AND_CALLS = (
         _request.c.status.label("request_status"),
         _request.c.args_digest.label("request_args_digest"),
         _request.c.call_id.label("request_call_id"),
+        _target.c.tool.label("request_tool"),
+        _request.c.response_token_hash,
+        _request.c.token_used_at,
+        _turn.c.started_by.label("turn_started_by"),
+        _session.c.started_by.label("session_started_by"),
+        select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
+        select(_approvals.c.responder)
+        .where(_approvals.c.request_id == _request.c.id, _approvals.c.responder == bindparam("responder"))
+        .exists()
+        .label("approved_by_responder"),
         *_CALL_COLUMNS,
         _session_waits(besides=_request.c.id),
     )
     .select_from(
-        _request.join(_target, _target.c.id == _request.c.call_id).join(
-            _SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id
-        )
+        _request.join(_target, _target.c.id == _request.c.call_id)
+        .join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id)
+        .join(_turn, _turn.c.id == STEPS.c.turn_id)
+        .join(_session, _session.c.id == _request.c.session_id)
     )
     .where(_request.c.id == bindparam("request_id"))
     .order_by(TOOL_CALLS.c.position)
@@ -138,9 +161,11 @@ async def call_and_siblings(uow: UnitOfWork, call_id: str, session_id: str) -> S
 
 
 async def request_and_calls(
-    uow: UnitOfWork, request_id: str, session_id: str
+    uow: UnitOfWork, request_id: str, session_id: str, responder: str
 ) -> tuple[RequestOnRecord | None, StepCalls]:
-    rows = (await uow.db.execute(_REQUEST_AND_CALLS, {"request_id": request_id, "session_id": session_id})).all()
+    """The request as `responder` answers it (whether they approved it already)."""
+    parameters = {"request_id": request_id, "session_id": session_id, "responder": responder}
+    rows = (await uow.db.execute(_REQUEST_AND_CALLS, parameters)).all()
     if not rows:
         return None, StepCalls([], False)
     first = rows[0]
@@ -150,12 +175,18 @@ async def request_and_calls(
         first.request_status,
         first.request_args_digest,
         first.request_call_id,
+        tool=first.request_tool,
+        token_hash=first.response_token_hash,
+        token_used=first.token_used_at is not None,
+        starters=frozenset(s for s in (first.session_started_by, first.turn_started_by) if s),
+        approvals=first.approvals,
+        approved_by_responder=bool(first.approved_by_responder),
     )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
 
 
 async def response_used(uow: UnitOfWork, response_id: str) -> bool:
-    """Whether a decision was already made with this signed response."""
+    """Whether a decision, or an approval counted towards one, was made with this signed response."""
     return (await uow.db.scalar(_RESPONSE_USED, {"response_id": response_id})) is not None
 
 

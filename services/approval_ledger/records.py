@@ -7,11 +7,13 @@ Each function records one decision already taken by `domain`; none decides.
 from __future__ import annotations
 
 import logging
+import secrets
 
 from shared.catalogue import ToolCatalogue
 from shared.ledger.tables import TABLES
 from shared.messages import (
     ApprovalCard,
+    ApprovalCounted,
     ApprovalRequested,
     Envelope,
     ExecuteTool,
@@ -30,7 +32,7 @@ from shared.messages import (
 
 from . import reads
 from .authority import Authority
-from .domain import Call, ClosureOnRecord, Refusal, Resumption, Step
+from .domain import Call, ClosureOnRecord, Refusal, RequestOnRecord, Resumption, Step, Tally, token_hash
 from .unit_of_work import SessionState, UnitOfWork
 
 log = logging.getLogger("signoff.ledger")
@@ -41,6 +43,8 @@ TRANSCRIPT = TABLES["transcript"]
 TOOL_CALLS = TABLES["tool_calls"]
 APPROVAL_REQUESTS = TABLES["approval_requests"]
 DECISIONS = TABLES["decisions"]
+APPROVALS = TABLES["approvals"]
+SESSIONS = TABLES["sessions"]
 CLOSURES = TABLES["closures"]
 PROVIDER_ATTEMPTS = TABLES["provider_attempts"]
 
@@ -69,7 +73,7 @@ def append(uow: UnitOfWork, session: SessionState, entry: TranscriptEntry) -> No
     )
 
 
-def new_turn(uow: UnitOfWork, session: SessionState) -> str:
+def new_turn(uow: UnitOfWork, session: SessionState, started_by: str | None) -> str:
     turn_id = mint("trn")
     uow.add(
         TURNS,
@@ -78,11 +82,19 @@ def new_turn(uow: UnitOfWork, session: SessionState) -> str:
             "session_id": session.id,
             "status": "running",
             "final_text": None,
+            "started_by": started_by,
             "created_at": uow.now,
             "completed_at": None,
         },
     )
     return turn_id
+
+
+def session_starter(uow: UnitOfWork, session: SessionState, starter: str | None) -> None:
+    """Who started the session, as `domain.session_starter` says; written if it changed."""
+    if starter != session.started_by:
+        session.started_by = starter
+        uow.update(SESSIONS, session.id, started_by=starter)
 
 
 def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed) -> None:
@@ -183,7 +195,12 @@ def approval_request(
     args_digest: str,
     pending_request_ids: list[str],
     cause: Envelope,
+    *,
+    approvals_required: int,
 ) -> None:
+    """The request, stored with its one-time response token's hash; the token itself
+    (random, 256 bits) leaves only in the request's `approval.requested` event."""
+    response_token = secrets.token_urlsafe(32)
     uow.add(
         APPROVAL_REQUESTS,
         {
@@ -193,6 +210,8 @@ def approval_request(
             "status": "pending",
             "args_digest": args_digest,
             "card": card.model_dump(mode="json"),
+            "response_token_hash": token_hash(response_token),
+            "token_used_at": None,
             "created_at": uow.now,
         },
     )
@@ -207,6 +226,8 @@ def approval_request(
             card=card,
             args_digest=args_digest,
             pending_request_ids=pending_request_ids,
+            approvals_required=approvals_required,
+            response_token=response_token,
         ),
     )
 
@@ -236,6 +257,47 @@ def execution(
         idempotency_key=call.idempotency_key,
     )
     uow.emit(session, authority.authorize(command, request_id=request_id, at=uow.now))
+
+
+def accepted(uow: UnitOfWork, request: RequestOnRecord, response: RespondToApproval) -> None:
+    """What every accepted response leaves: an approval is counted (one row per
+    request and responder), and a token is redeemed."""
+    if response.decision == "approve":
+        uow.add(
+            APPROVALS,
+            {
+                "request_id": request.id,
+                "responder": response.responder,
+                "response_id": response.response_id,
+                "message_id": response.message_id,
+                "channel": response.key_id,
+                "reason": response.reason,
+                "message": response.message,
+                "approved_at": uow.now,
+            },
+        )
+    if response.response_token is not None:
+        uow.update(APPROVAL_REQUESTS, request.id, token_used_at=uow.now)
+
+
+def approval_counted(
+    uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
+) -> None:
+    """An approval towards a request that needs more: it stays pending, and the
+    channels can show how far it got."""
+    uow.emit(
+        session,
+        ApprovalCounted(
+            session_id=session.id,
+            causation_id=response.message_id,
+            request_id=request.id,
+            call_id=request.call_id,
+            responder=response.responder,
+            count=counted.count,
+            required=counted.required,
+        ),
+    )
+    session.updated_at = uow.now
 
 
 def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> None:

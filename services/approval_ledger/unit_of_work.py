@@ -35,6 +35,7 @@ INSERT_ORDER: tuple[Table, ...] = tuple(
         "steps",
         "tool_calls",
         "approval_requests",
+        "approvals",
         "decisions",
         "closures",
         "provider_attempts",
@@ -79,6 +80,8 @@ class SessionState:
     created_at: datetime
     updated_at: datetime
     status_reason: str | None = None
+    # Who started the session (its first turn that named someone).
+    started_by: str | None = None
     # Transcript rows already in the database (positions 1..n) when the transition began.
     transcript_base: int = 0
     # Entries appended in this transition, in order (positions transcript_base + 1 ...).
@@ -153,6 +156,7 @@ class UnitOfWork:
             created_at=row.created_at,
             updated_at=row.updated_at,
             status_reason=row.status_reason,
+            started_by=row.started_by,
             transcript_base=row.transcript_len,
         )
         self._session.stored = self._session.written()

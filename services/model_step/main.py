@@ -21,7 +21,7 @@ async def run(settings: Settings) -> None:
     # The shared settings as given, plus the provider settings from the environment.
     config = ModelStepSettings(**settings.model_dump())
     providers = build_providers(config)
-    report = partial(publish, runtime.broker, runtime.topology)
+    report = partial(publish, runtime.broker, runtime.topology, user_id=runtime.user)
     runtime.consume("step.requested", TypeAdapter(RequestModelStep), partial(request_model_step, providers, report))
     try:
         await runtime.serve()

@@ -21,7 +21,7 @@ async def run(settings: Settings) -> None:
     engine = create_engine(settings, pool_size=2)
     await migrate(engine, settings)
     try:
-        connection = await aio_pika.connect_robust(settings.amqp_url)
+        connection = await aio_pika.connect_robust(runtime.amqp_url)
     except Exception as error:
         raise Unreachable("RabbitMQ", address(settings.rabbitmq_url), error) from None
     wake = asyncio.Event()
@@ -29,7 +29,8 @@ async def run(settings: Settings) -> None:
     hooks = load_hooks(settings.hooks_file)
 
     async def relay() -> None:
-        relay = OutboxRelay(engine, await connection.channel(publisher_confirms=True), settings.publisher_batch, hooks)
+        channel = await connection.channel(publisher_confirms=True)
+        relay = OutboxRelay(engine, channel, runtime.user, settings.publisher_batch, hooks)
         async with httpx.AsyncClient() as http:
             deliveries = None
             if hooks:

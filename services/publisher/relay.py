@@ -46,6 +46,8 @@ class OutboxRelay:
     # work costs several times more CPU for the same two statements.
     engine: AsyncEngine
     channel: aio_pika.abc.AbstractChannel
+    # The publisher's broker user: every message says who sent it (RabbitMQ checks).
+    user_id: str
     batch_size: int = 500
     hooks: list[Hook] = field(default_factory=list)
     exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict)
@@ -70,6 +72,7 @@ class OutboxRelay:
                         message_id=r.message_id,
                         content_type="application/json",
                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        user_id=self.user_id,
                     ),
                     routing_key=r.routing_key,
                 )

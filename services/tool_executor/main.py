@@ -32,7 +32,7 @@ async def run(settings: Settings) -> None:
             catalogue=load_catalogue(settings.tools_file),
             claims=Claims(engine, holder, settings.claim_lease_seconds),
             http=http,
-            report=partial(publish, runtime.broker, runtime.topology),
+            report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
             data_dir=settings.data_dir.resolve(),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=keyring.ledger_public_key(settings.keys_path),

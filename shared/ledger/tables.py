@@ -4,6 +4,8 @@
 - `closures.call_id` is unique: a tool call has exactly one closure (invariant 3).
 - `approval_requests.call_id` is unique: one request per call, its id never re-minted.
 - `execution_claims.call_id` is the primary key: one claim per call (invariant 4).
+- `approvals` has one row per request and responder, and `approvals.response_id` is
+  unique: a person's approval counts once towards a request, and a response once.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Session(Base):
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
     transcript_len: Mapped[int] = mapped_column(Integer, default=0)
     status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Who started its first turn that named someone (separation of duties).
+    started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -79,6 +83,8 @@ class Turn(Base):
     # running | completed | failed
     status: Mapped[str] = mapped_column(String(16))
     final_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The principal the channel says started it (`StartTurn.started_by`).
+    started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime]
     completed_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
@@ -129,7 +135,26 @@ class ApprovalRequest(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     args_digest: Mapped[str] = mapped_column(String(100))
     card: Mapped[dict[str, Any]]
+    # The hash of its one-time response token (the token itself is only on the card),
+    # and when the token was redeemed: once.
+    response_token_hash: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    token_used_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
+
+
+class Approval(Base):
+    """One person's approval of a request, counted towards its `approvals_required`."""
+
+    __tablename__ = "approvals"
+    request_id: Mapped[str] = mapped_column(ForeignKey("approval_requests.id"), primary_key=True)
+    responder: Mapped[str] = mapped_column(String(256), primary_key=True)
+    response_id: Mapped[str] = mapped_column(Id, unique=True)
+    message_id: Mapped[str] = mapped_column(Id)
+    # The channel whose key signed it.
+    channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    approved_at: Mapped[datetime]
 
 
 class Decision(Base):

@@ -95,7 +95,7 @@ class ChannelAdapter:
         self.topology = console.topology
         self.exchanges = {
             name: await console.channel.get_exchange(name, ensure=False)
-            for name in (self.topology.commands.name, self.topology.events.name)
+            for name in (self.topology.exchange("channels").name, self.topology.events.name)
         }
         queue = await console.watch("*")
         await queue.consume(self._on_event, no_ack=True)
@@ -118,7 +118,7 @@ class ChannelAdapter:
         exchange, routing_key = self.topology.route(message)
         await self.exchanges[exchange].publish(
             aio_pika.Message(encode(message), message_id=message.message_id, content_type="application/json",
-                             delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                             delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.console.user),
             routing_key=routing_key,
         )
         self.sent[message.type] += 1  # type: ignore[attr-defined]

@@ -100,7 +100,7 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
     topology_queue = f"{deployment.namespace}.dead-letters"
     session_id = mint("ses")
     async with deployment.console() as console:
-        exchange = await console.channel.get_exchange(f"{deployment.namespace}.commands")
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
         for body, message_id in ((b'{"type": "approval.respond", "session_id": "x"', "bad-json"),
                                  (b'{"type": "approval.respond", "session_id": "s", "request_id": 5}', "bad-shape"),
                                  (b"x" * (300 * 1024), "too-big")):

@@ -55,7 +55,7 @@ async def test_an_operator_lists_dead_letters_once_each_with_their_reasons_and_t
     bad_decision = RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
                                      args_digest="sha256:x").model_dump(mode="json") | {"decision": "maybe"}
     async with deployment.console() as console:
-        exchange = await console.channel.get_exchange(f"{deployment.namespace}.commands")
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
         await exchange.publish(aio_pika.Message(b"{not json", message_id="junk-1"), routing_key="approval.respond")
         await exchange.publish(aio_pika.Message(json.dumps(bad_decision).encode(), message_id="junk-2"),
                                routing_key="approval.respond")

@@ -5,11 +5,16 @@ executor runs nothing the ledger did not seal and record."""
 import asyncio
 from datetime import timedelta
 
+import aio_pika
+import pytest
+from sqlalchemy import func, select
+
 from shared import keyring
 from shared.authorization import authorize
 from shared.messages import ExecuteTool, RespondToApproval, mint, now
 from shared.signatures import new_private_key, sign
-from tests.harness import next_event, start_and_wait_for_approval
+from shared.ledger.tables import Decision
+from tests.harness import RABBITMQ_URL, next_event, start_and_wait_for_approval
 
 
 def signed(response: RespondToApproval, key, key_id: str) -> RespondToApproval:
@@ -91,11 +96,13 @@ async def test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_a
                 ledger_key, signed_but_unrecorded, basis="policy", request_id=None, at=now(),
                 ttl=timedelta(minutes=5))}),
         }
-        for forged in forgeries.values():
-            await console.send(forged)
-        await asyncio.sleep(3)  # the real authorization's 3 s have passed
-        forgeries["expired"] = real.model_copy(update={"message_id": mint("msg")})
-        await console.send(forgeries["expired"])
+        # Only the publisher may put a tool.execute on the bus: these come as if its credentials were stolen.
+        async with deployment.console(identity="publisher") as thief:
+            for forged in forgeries.values():
+                await thief.send(forged)
+            await asyncio.sleep(3)  # the real authorization's 3 s have passed
+            forgeries["expired"] = real.model_copy(update={"message_id": mint("msg")})
+            await thief.send(forgeries["expired"])
 
         told = {}
         while len(told) < len(forgeries):
@@ -103,3 +110,45 @@ async def test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_a
             told[alert.call_id, alert.reason_code] = alert.reason_text
     assert set(told) == {(forged.call_id, code) for code, forged in forgeries.items()}
     assert sink.counts["/sink"] == 1, "no forged, altered or expired command ran"
+
+
+async def test_the_model_step_or_a_tool_in_the_executor_cannot_put_an_approval_on_the_bus_nor_have_one_count(
+    deployment, sink
+):
+    """With a service's own broker credentials (a python tool runs inside the executor
+    and can read its password file): RabbitMQ refuses an approval on the channels'
+    exchange; sent on the service's own exchange it reaches no response queue and
+    approves nothing; and what reaches the ledger from a sender that may not send it
+    (here the broker's administrator, straight into a ledger queue) is refused."""
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        approval = console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                  decision="approve", args_digest=requested.args_digest,
+                                                  responder="tester"))
+        for identity in ("model-step", "tool-executor"):
+            async with deployment.console(identity=identity) as service:
+                with pytest.raises(Exception, match="ACCESS_REFUSED"):
+                    await service.send(approval)
+            async with deployment.console(identity=identity) as service:
+                own = await service.channel.get_exchange(f"{deployment.namespace}.{identity}.reports", ensure=False)
+                for routing_key in ("approval.respond", "step.completed", "tool.completed"):
+                    await own.publish(aio_pika.Message(approval.model_dump_json().encode(), user_id=service.user,
+                                                       message_id=mint("msg")), routing_key=routing_key)
+        admin = await aio_pika.connect(RABBITMQ_URL)
+        async with admin:
+            channel = await admin.channel()
+            await channel.default_exchange.publish(
+                aio_pika.Message(approval.model_dump_json().encode(), user_id="guest", message_id=approval.message_id),
+                routing_key=f"{deployment.namespace}.ledger.responses")
+        rejected = await next_event(events, "message.rejected")
+        assert (rejected.rejected_message_id, rejected.reason_code) == (approval.message_id, "unauthorized_sender")
+        await asyncio.sleep(1)
+        async with deployment.ledger() as ledger, ledger() as db:
+            assert await db.scalar(select(func.count()).select_from(Decision)) == 0, "nothing was approved"
+        # The channel's own, signed, on its own exchange: it counts.
+        await console.send(approval.model_copy(update={"message_id": mint("msg")}))
+        await next_event(events, "turn.completed", timeout=30)
+    assert sink.counts["/sink"] == 1

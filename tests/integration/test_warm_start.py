@@ -15,6 +15,7 @@ def test_a_bad_start_request_is_answered_and_the_next_start_still_works(pg_deplo
         with pytest.raises(AssertionError, match="no service 'no-such-service'"):
             starts.start("no-such-service", pg_deployment.env(), pg_deployment.data_dir / "nothing.log")
         pg_deployment.data_dir.joinpath("logs").mkdir(parents=True)
+        pg_deployment.setup()
         pg_deployment.log_path("model-step").touch()
         child = starts.start("model-step", pg_deployment.env(), pg_deployment.log_path("model-step"))
         pg_deployment.processes["model-step"] = child

@@ -184,3 +184,51 @@ def test_a_tool_is_found_by_its_name_and_an_unknown_name_finds_nothing():
     catalogue = ToolCatalogue.model_validate({"tools": [{"name": "send", "label": "Send"}]})
     assert catalogue.get("send").label == "Send"
     assert catalogue.get("nope") is None
+
+
+# --- who may approve ------------------------------------------------------------------
+
+
+def approving(groups=None, **declared):
+    """A catalogue of one tool, `pay`, declared with these approval rules."""
+    return ToolCatalogue.model_validate({"tools": [{"name": "pay", "label": "Pay", **declared}],
+                                         "groups": groups or {}})
+
+
+def test_a_tool_that_names_no_approvers_may_be_approved_by_anyone_once_and_by_its_starter():
+    catalogue = approving()
+    pay = catalogue.get("pay")
+    assert catalogue.approvers_of(pay) is None
+    assert (pay.approvals_required, pay.starter_may_approve) == (1, True)
+
+
+def test_a_tools_approvers_are_its_principals_and_the_members_of_its_groups_each_once():
+    catalogue = approving(groups={"finance": ["ann", "bob"], "audit": ["bob", "cy"], "other": ["dee"]},
+                          approvers=["zoe", "group:finance", "group:audit"])
+    assert catalogue.approvers_of(catalogue.get("pay")) == frozenset({"zoe", "ann", "bob", "cy"})
+
+
+def test_a_principal_is_not_taken_for_a_group_of_the_same_name():
+    catalogue = approving(groups={"finance": ["ann"]}, approvers=["finance"])
+    assert catalogue.approvers_of(catalogue.get("pay")) == frozenset({"finance"})
+
+
+def test_an_approver_group_the_catalogue_does_not_declare_is_refused_when_it_is_loaded():
+    with pytest.raises(ValidationError, match=r"tool 'pay' names undeclared approver groups: group:finance"):
+        approving(groups={"audit": ["cy"]}, approvers=["group:audit", "group:finance"])
+
+
+def test_a_tool_needing_more_approvals_than_it_has_approvers_is_refused_when_it_is_loaded_and_as_many_is_not():
+    with pytest.raises(ValidationError, match=r"tool 'pay' requires 3 approvals but names only 2 approver\(s\)"):
+        approving(groups={"finance": ["ann", "bob"]}, approvers=["group:finance", "bob"], approvals_required=3)
+    catalogue = approving(groups={"finance": ["ann", "bob"]}, approvers=["group:finance"], approvals_required=2)
+    assert catalogue.get("pay").approvals_required == 2
+    # Anyone may approve: any number of people can.
+    assert approving(approvals_required=5).get("pay").approvals_required == 5
+
+
+@pytest.mark.parametrize("declared", [{"approvals_required": 0}, {"starter_may_approve": "sometimes"},
+                                      {"approver": ["ann"]}])
+def test_a_misdeclared_approval_rule_is_refused(declared):
+    with pytest.raises(ValidationError):
+        approving(**declared)

@@ -381,3 +381,197 @@ def test_a_response_issued_outside_the_window_either_way_is_stale_and_one_at_its
     assert refusal_code(chat_response(issued_at=AT + WINDOW)) is None
     assert refusal_code(chat_response(issued_at=AT - WINDOW - timedelta(seconds=1))) == "stale"
     assert refusal_code(chat_response(issued_at=AT + WINDOW + timedelta(seconds=1))) == "stale"
+
+
+# --- response tokens ------------------------------------------------------------------
+
+TOKEN = "tok-1"
+TOKEN_HASH = domain.token_hash(TOKEN)
+
+
+def test_the_ledger_keeps_a_tokens_sha256_and_never_the_token():
+    assert TOKEN_HASH == "sha256:" + __import__("hashlib").sha256(b"tok-1").hexdigest()
+    assert TOKEN not in TOKEN_HASH
+
+
+def test_a_token_response_names_its_channel_as_token_colon_channel_and_no_one_else():
+    assert refusal_code(chat_response(responder="token:chat", response_token=TOKEN)) is None
+    for responder in ("alice", "token:cli", "token:chat2"):
+        refused = domain.authenticate_response(chat_response(responder=responder, response_token=TOKEN), CHANNELS,
+                                               at=AT, window=WINDOW)
+        assert refused.reason_code == "wrong_principal", responder
+
+
+def test_a_response_without_a_token_may_not_pass_itself_off_as_a_tokens_even_from_a_channel_that_asserts_anyone():
+    anyone = {"cli": Channel("cli", CHANNEL_KEY.public_key(), ("*",))}
+    response = chat_response(key_id="cli", responder="token:cli")
+    refused = domain.authenticate_response(response, anyone, at=AT, window=WINDOW)
+    assert (refused.reason_code, refused.reason_text) == ("wrong_principal", "Channel 'cli' may not respond as 'token:cli'.")
+    assert domain.authenticate_response(chat_response(key_id="cli", responder="bob"), anyone, at=AT, window=WINDOW) is None
+
+
+def test_a_token_is_part_of_what_the_channel_signs():
+    assert refusal_code(chat_response(responder="token:chat", response_token=TOKEN).model_copy(
+        update={"response_token": "tok-2"})) == "bad_signature"
+
+
+def pending(**changes):
+    fields = dict(id="apr_1", session_id="s1", status="pending", args_digest="d1", call_id="call_1", tool="pay",
+                  token_hash=TOKEN_HASH)
+    return RequestOnRecord(**{**fields, **changes})
+
+
+def answer(decision="approve", responder="alice", token=None, args_digest="d1"):
+    return RespondToApproval(session_id="s1", request_id="apr_1", decision=decision, args_digest=args_digest,
+                             responder=responder, response_token=token)
+
+
+def test_a_token_counts_only_for_its_own_request_and_only_once():
+    assert domain.judge_token(pending(), TOKEN) is None
+    assert domain.judge_token(pending(), None) is None
+    assert domain.judge_token(pending(), "tok-2") == domain.Refusal(
+        "bad_token", "The response token is not this request's.")
+    assert domain.judge_token(pending(token_hash=None), TOKEN).reason_code == "bad_token"
+    assert domain.judge_token(pending(token_used=True), TOKEN) == domain.Refusal(
+        "token_used", "The response token was used before; a token counts once.")
+    assert domain.judge_token(pending(token_used=True), "tok-2").reason_code == "bad_token"
+
+
+def test_a_used_token_is_refused_as_used_even_once_its_request_is_decided_and_a_good_one_still_needs_the_digest():
+    assert domain.judge_response(pending(status="approved", token_used=True), answer(token=TOKEN)).reason_code == (
+        "token_used")
+    assert domain.judge_response(pending(), answer(token=TOKEN)) is None
+    assert domain.judge_response(pending(), answer(token=TOKEN, args_digest="d2")).reason_code == "digest_mismatch"
+    assert domain.judge_response(pending(session_id="s2"), answer(token=TOKEN)).reason_code == "unknown_request"
+
+
+# --- who may approve ------------------------------------------------------------------
+
+APPROVERS_CATALOGUE = ToolCatalogue.model_validate({
+    "groups": {"finance": ["ann", "bob"]},
+    "tools": [
+        {"name": "pay", "label": "Pay", "approvers": ["group:finance", "cy"], "starter_may_approve": False,
+         "approvals_required": 2},
+        {"name": "open", "label": "Open"},
+    ]})
+
+
+def test_a_tools_policy_is_its_declaration_with_groups_resolved_and_a_tool_gone_from_the_catalogue_has_no_approver():
+    assert domain.approval_policy(APPROVERS_CATALOGUE, "pay") == domain.ApprovalPolicy(
+        frozenset({"ann", "bob", "cy"}), starter_may_approve=False, approvals_required=2)
+    assert domain.approval_policy(APPROVERS_CATALOGUE, "open") == domain.ApprovalPolicy(None, True, 1)
+    assert domain.approval_policy(APPROVERS_CATALOGUE, "gone") == domain.NOBODY == domain.ApprovalPolicy(
+        frozenset(), True, 1)
+
+
+OPEN = domain.ApprovalPolicy()
+APPROVERS = domain.ApprovalPolicy(frozenset({"ann", "bob", "token:chat"}))
+SEPARATED = domain.ApprovalPolicy(starter_may_approve=False)
+FOUR_EYES = domain.ApprovalPolicy(approvals_required=2)
+
+
+def who(policy, request=None, **response):
+    refused = domain.judge_approver(policy, request or pending(starters=frozenset({"sam"})), answer(**response))
+    return refused.reason_code if refused else None
+
+
+def test_anyone_a_channel_vouches_for_may_approve_a_tool_that_names_no_approvers_the_starter_included():
+    assert who(OPEN, responder="zed") is None
+    assert who(OPEN, responder="sam") is None
+
+
+def test_only_a_tools_approvers_may_approve_it():
+    assert (who(APPROVERS, responder="ann"), who(APPROVERS, responder="bob")) == (None, None)
+    refused = domain.judge_approver(APPROVERS, pending(), answer(responder="zed"))
+    assert (refused.reason_code, refused.reason_text) == ("not_an_approver", "'zed' is not among the approvers of 'pay'.")
+    assert who(domain.NOBODY, responder="ann") == "not_an_approver"
+
+
+def test_a_denial_stops_a_call_and_anyone_a_channel_vouches_for_may_deny_it_the_starter_and_a_token_included():
+    for policy in (APPROVERS, SEPARATED, FOUR_EYES, domain.NOBODY):
+        assert who(policy, decision="deny", responder="zed") is None
+        assert who(policy, decision="deny", responder="sam") is None
+        assert who(policy, decision="deny", responder="token:web", token=TOKEN) is None
+    assert who(FOUR_EYES, pending(approved_by_responder=True), decision="deny") is None
+
+
+def test_the_starter_of_the_session_or_of_the_calls_turn_may_not_approve_a_tool_that_forbids_it_and_another_person_may():
+    request = pending(starters=frozenset({"sam", "tia"}))
+    refused = domain.judge_approver(SEPARATED, request, answer(responder="sam"))
+    assert (refused.reason_code, refused.reason_text) == (
+        "starter_may_not_approve", "'sam' started the session; 'pay' needs someone else.")
+    assert who(SEPARATED, request, responder="tia") == "starter_may_not_approve"
+    assert who(SEPARATED, request, responder="ann") is None
+
+
+def test_when_nobody_is_on_record_as_the_starter_a_tool_that_forbids_the_starter_cannot_be_approved():
+    refused = domain.judge_approver(SEPARATED, pending(starters=frozenset()), answer(responder="ann"))
+    assert (refused.reason_code, refused.reason_text) == (
+        "starter_unknown",
+        "Who started the session is not on record, so 'pay' cannot be approved by someone other than its starter.")
+
+
+def test_a_token_names_no_person_so_it_approves_only_a_tool_that_needs_no_known_person():
+    assert who(OPEN, responder="token:chat", token=TOKEN) is None
+    assert who(APPROVERS, responder="token:chat", token=TOKEN) is None  # listed by name
+    assert who(APPROVERS, responder="token:web", token=TOKEN) == "not_an_approver"
+    refused = domain.judge_approver(SEPARATED, pending(starters=frozenset({"sam"})),
+                                    answer(responder="token:chat", token=TOKEN))
+    assert (refused.reason_code, refused.reason_text) == (
+        "anonymous_approval", "A response token names no person; 'pay' needs approvals from known people.")
+    assert who(FOUR_EYES, responder="token:chat", token=TOKEN) == "anonymous_approval"
+
+
+def test_a_person_who_approved_a_request_already_does_not_count_twice():
+    refused = domain.judge_approver(FOUR_EYES, pending(approvals=1, approved_by_responder=True), answer())
+    assert (refused.reason_code, refused.reason_text) == (
+        "already_approved", "'alice' approved this request already; it needs another person.")
+    assert domain.judge_approver(FOUR_EYES, pending(approvals=1), answer()) is None
+
+
+def test_approvals_are_counted_until_the_required_number_of_people_approved_and_the_last_of_them_decides():
+    assert domain.tally(FOUR_EYES, pending(), "approve") == domain.Tally(1, 2, decides=False)
+    assert domain.tally(FOUR_EYES, pending(approvals=1), "approve") == domain.Tally(2, 2, decides=True)
+    assert domain.tally(domain.ApprovalPolicy(approvals_required=3), pending(approvals=1), "approve") == (
+        domain.Tally(2, 3, decides=False))
+    assert domain.tally(OPEN, pending(), "approve") == domain.Tally(1, 1, decides=True)
+
+
+def test_one_denial_decides_whatever_approvals_came_before():
+    assert domain.tally(FOUR_EYES, pending(approvals=1), "deny") == domain.Tally(1, 2, decides=True)
+    assert domain.tally(FOUR_EYES, pending(), "deny") == domain.Tally(0, 2, decides=True)
+
+
+def test_the_sessions_starter_is_whoever_started_its_first_turn_that_names_one():
+    assert domain.session_starter(None, "sam") == "sam"
+    assert domain.session_starter("sam", "tia") == "sam"
+    assert domain.session_starter("sam", None) == "sam"
+    assert domain.session_starter(None, None) is None
+
+
+def test_each_refused_authentication_says_why():
+    def why(response):
+        return domain.authenticate_response(response, CHANNELS, at=AT, window=WINDOW).reason_text
+
+    assert why(chat_response().model_copy(update={"signature": None})) == (
+        "The response carries no signature; only a registered channel may respond.")
+    assert why(chat_response(key=new_private_key(), key_id="stranger")) == "No channel is registered as 'stranger'."
+    assert why(chat_response(key=new_private_key())) == (
+        "The signature does not match the response or the channel's key.")
+    assert why(chat_response(issued_at=AT - timedelta(minutes=10))) == (
+        "The response was issued at 2026-11-30T11:50:00+00:00, outside the 300 s the ledger accepts.")
+
+
+# --- who may send what --------------------------------------------------------------
+
+def test_a_command_counts_only_from_the_broker_identity_that_may_send_it():
+    from shared.topology import Topology
+
+    topology = Topology("ns")
+    assert domain.refuse_sender("approval.respond", "ns.channel.cli", topology) is None
+    assert domain.refuse_sender("step.completed", "ns.model-step", topology) is None
+    refused = domain.refuse_sender("approval.respond", "ns.model-step", topology)
+    assert (refused.reason_code, refused.reason_text) == ("unauthorized_sender",
+                                                          "ns.model-step may not send approval.respond.")
+    refused = domain.refuse_sender("tool.completed", None, topology)
+    assert refused.reason_text == "a sender without a user id may not send tool.completed."

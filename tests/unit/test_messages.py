@@ -36,7 +36,7 @@ def test_malformed_or_unknown_messages_fail_validation(body):
 def test_commands_go_to_their_queue_and_events_to_the_topic_exchange_by_type_and_session():
     topology = Topology("ns")
     response = RespondToApproval(session_id="s1", request_id="r", decision="approve", args_digest="d")
-    assert topology.route(response) == ("ns.commands", "approval.respond")
+    assert topology.route(response) == ("ns.channels", "approval.respond")
     from shared.messages import TurnCompleted
 
     assert topology.route(TurnCompleted(session_id="s1", turn_id="t", text="x")) == ("ns.events", "turn.completed.s1")
@@ -59,3 +59,53 @@ def test_the_migration_head_read_from_file_names_is_alembics_head():
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     assert head_revision() == ScriptDirectory.from_config(config).get_current_head()
+
+
+def test_each_command_comes_through_its_senders_own_exchange_and_counts_only_from_that_sender():
+    topology = Topology("ns")
+    assert topology.inbound_exchange("approval.respond").name == "ns.channels"
+    assert topology.inbound_exchange("step.completed").name == "ns.model-step.reports"
+    assert topology.inbound_exchange("tool.completed").name == "ns.tool-executor.reports"
+    assert topology.inbound_exchange("tool.execute").name == "ns.commands"
+    assert topology.may_send("approval.respond", "ns.channel.cli")
+    assert topology.may_send("step.completed", "ns.model-step")
+    for user in ("ns.model-step", "ns.tool-executor", "ns.approval-ledger", "guest", "other.channel.cli", None):
+        assert not topology.may_send("approval.respond", user), user
+    assert not topology.may_send("tool.completed", "ns.model-step")
+    assert not topology.may_send("step.completed", "ns.channel.cli")
+
+
+def test_a_service_may_write_only_its_own_exchange_and_the_dead_letters_and_read_only_what_it_consumes():
+    import re
+
+    topology = Topology("ns")
+    model_step = topology.permissions("model-step")
+    assert re.fullmatch(model_step.write, "ns.model-step.reports") and re.fullmatch(model_step.write, "ns.dead")
+    for other in ("ns.channels", "ns.commands", "ns.events", "ns.tool-executor.reports", "ns.ledger.responses"):
+        assert not re.fullmatch(model_step.write, other), other
+    assert re.fullmatch(model_step.read, "ns.commands") and not re.fullmatch(model_step.read, "ns.ledger.responses")
+    channel = topology.permissions("channel.cli")
+    assert re.fullmatch(channel.write, "ns.channels") and not re.fullmatch(channel.write, "ns.commands")
+    publisher = topology.permissions("publisher")
+    assert {bool(re.fullmatch(publisher.write, n)) for n in ("ns.commands", "ns.events")} == {True}
+    assert not re.fullmatch(publisher.write, "ns.channels") and publisher.configure == "^$"
+    ledger = topology.permissions("approval-ledger")
+    assert not any(re.fullmatch(ledger.write, n) for n in ("ns.channels", "ns.commands", "ns.events"))
+    assert all(re.fullmatch(ledger.read, n) for n in ("ns.channels", "ns.model-step.reports", "ns.ledger.turns"))
+
+
+def test_a_counted_approval_is_an_event_that_says_how_many_approved_and_how_many_must():
+    from shared.messages import EVENT, EVENT_TYPES, ApprovalCounted
+
+    counted = ApprovalCounted(session_id="s1", request_id="apr_1", call_id="call_1", responder="ann", count=1,
+                              required=2)
+    assert "approval.counted" in EVENT_TYPES
+    assert EVENT.validate_json(counted.model_dump_json()) == counted
+    assert Topology("ns").route(counted) == ("ns.events", "approval.counted.s1")
+
+
+def test_a_turn_may_name_who_started_it_and_need_not():
+    assert StartTurn(session_id="s1", text="hi", started_by="sam").started_by == "sam"
+    assert StartTurn(session_id="s1", text="hi").started_by is None
+    with pytest.raises(ValidationError):
+        StartTurn(session_id="s1", text="hi", started_by="")
