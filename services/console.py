@@ -23,7 +23,7 @@ from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
 from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
-from shared.provisioning import provision_broker
+from shared.provisioning import provision_broker, provision_database
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
 from shared.signatures import sign
@@ -40,7 +40,7 @@ class Console:
         self.settings = settings
         self.identity = identity or f"channel.{settings.channel}"
         self.topology = Topology(settings.namespace, settings.delivery_limit)
-        self.engine = create_engine(settings, pool_size=2)
+        self.engine = create_engine(settings, identity="console", pool_size=2)
         self.sessions = sessionmaker(self.engine)
         self._channel_key: Ed25519PrivateKey | None = None
         # Set on entering: a console is used inside `async with`.
@@ -116,18 +116,21 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
 
 def setup(settings: Settings) -> int:
     """Everything a deployment needs before its services start, made if missing
-    (idempotent): its keys, and (with broker identities) a RabbitMQ user per
-    service and channel with its permissions, and the namespace's topology.
+    (idempotent): its keys, (with broker identities) a RabbitMQ user per service
+    and channel with its permissions, the namespace's topology, and on PostgreSQL
+    a role per service with its grants and the migrated schema.
     Says what it did."""
     done = keyring.create(settings.keys_path, {settings.channel: ["*"]})
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
+    done += asyncio.run(provision_database(settings))
     for line in done:
         print(f"signoff setup: {line}")
     return 0
 
 
 async def migrate_only(settings: Settings) -> int:
-    engine = create_engine(settings, pool_size=2)
+    # The schema is the ledger's: its own role owns the tables and migrates them.
+    engine = create_engine(settings, identity="approval-ledger", pool_size=2)
     try:
         await migrate(engine, settings)
     finally:
@@ -162,7 +165,7 @@ async def start_session(
 
 
 async def show_session(settings: Settings, session_id: str) -> int:
-    engine = create_engine(settings, pool_size=2)
+    engine = create_engine(settings, identity="console", pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
             session = await db.get(Session, session_id)
@@ -200,7 +203,7 @@ async def show_session(settings: Settings, session_id: str) -> int:
 
 
 async def list_pending(settings: Settings, session_id: str | None) -> int:
-    engine = create_engine(settings, pool_size=2)
+    engine = create_engine(settings, identity="console", pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
             query = (

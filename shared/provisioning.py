@@ -99,3 +99,97 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
     async with _admin(settings) as api:
         for name in broker_identities(channels):
             await api.delete(f"/users/{quote(topology.identity(name), safe='')}")
+
+
+# --- PostgreSQL -----------------------------------------------------------------------
+
+# Any constant: it keeps two setups from making roles at once.
+ROLES_LOCK = 0x51600F
+DATABASE_IDENTITIES = ("approval-ledger", "publisher", "tool-executor", "console")
+# What each role may do beyond reading the schema's version; the ledger owns every table.
+GRANTS = {
+    "publisher": (
+        "SELECT, UPDATE (sent_at) ON outbox",
+        "SELECT, INSERT, UPDATE ON hook_deliveries",
+        "SELECT ON alembic_version",
+    ),
+    "tool-executor": (
+        "SELECT ON tool_calls, approval_requests, decisions, alembic_version",
+        "SELECT, INSERT, UPDATE ON execution_claims",
+    ),
+}
+
+
+async def provision_database(settings: Settings) -> list[str]:
+    """One PostgreSQL role per service (and one, read-only, for the console): the
+    ledger's owns the schema and its tables and migrates them; the publisher may only
+    mark outbox rows sent and keep its hook deliveries; the executor may only read the
+    calls and their decisions and keep its claims. Nothing but the ledger can write a
+    decision. Run as SIGNOFF_DATABASE_URL's user (an administrator); idempotent."""
+    if not (settings.is_postgres and settings.database_identities):
+        return []
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from shared.ledger.database import create_engine, migrate
+
+    roles = {name: settings.database_role(name) for name in DATABASE_IDENTITIES}
+    schema = settings.database_schema or "public"
+    done = []
+    admin = create_async_engine(settings.ledger_url)
+    try:
+        async with admin.begin() as conn:
+            # Roles are the cluster's: one setup at a time.
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ROLES_LOCK})
+            for name, role in roles.items():
+                password, _ = _password(settings.keys_path / "postgres" / f"{name}.password")
+                exists = await conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role})
+                verb = "ALTER" if exists else "CREATE"
+                await conn.execute(text(f"{verb} ROLE \"{role}\" LOGIN PASSWORD '{password}'"))
+                done.append(f"database role {role} " + ("kept" if exists else "made"))
+            ledger = roles["approval-ledger"]
+            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}" AUTHORIZATION "{ledger}"'))
+            await conn.execute(text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{ledger}"'))
+            # Tables migrated before roles existed become the ledger's.
+            owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
+            for table in list(owned):
+                await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
+            for name in ("publisher", "tool-executor", "console"):
+                await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
+    finally:
+        await admin.dispose()
+    engine = create_engine(settings, identity="approval-ledger", pool_size=1)
+    try:
+        await migrate(engine, settings)
+        async with engine.begin() as conn:
+            for name, grants in GRANTS.items():
+                for grant in grants:
+                    await conn.execute(text(f'GRANT {grant} TO "{roles[name]}"'))
+            console = roles["console"]
+            await conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{console}"'))
+            await conn.execute(
+                text(f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" GRANT SELECT ON TABLES TO "{console}"')
+            )
+    finally:
+        await engine.dispose()
+    done.append(f"migrated schema {schema} as {roles['approval-ledger']} and granted each role its tables")
+    return done
+
+
+async def remove_database_identities(settings: Settings) -> None:
+    """Drop a namespace's roles (tests clean up after themselves; the schema goes first)."""
+    if not (settings.is_postgres and settings.database_identities):
+        return
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    admin = create_async_engine(settings.ledger_url)
+    try:
+        async with admin.begin() as conn:
+            for name in DATABASE_IDENTITIES:
+                role = settings.database_role(name)
+                if await conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}):
+                    await conn.execute(text(f'DROP OWNED BY "{role}" CASCADE'))
+                    await conn.execute(text(f'DROP ROLE "{role}"'))
+    finally:
+        await admin.dispose()

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     broker_identities: bool = True
     # RabbitMQ's management API, used by `signoff setup` alone, as an administrator.
     rabbitmq_admin_url: str = "http://guest:guest@localhost:15672/"
+    # On PostgreSQL each service logs in as its own role, granted only what it needs
+    # (`signoff setup` makes them, as SIGNOFF_DATABASE_URL's user); off: everyone
+    # logs in as SIGNOFF_DATABASE_URL's user.
+    database_identities: bool = True
 
     @field_validator("namespace")
     @classmethod
@@ -97,6 +101,28 @@ class Settings(BaseSettings):
     @property
     def keys_path(self) -> Path:
         return self.keys_dir or self.data_dir / "keys"
+
+    def database_role(self, name: str) -> str:
+        """The PostgreSQL role of a service (`approval-ledger`, …) or of the `console`."""
+        return f"{self.namespace}_{name}".replace("-", "_").lower()
+
+    def database_login(self, name: str) -> str:
+        """The ledger's URL as `name` logs in: its own role and the password `signoff
+        setup` made for it; SQLite, or without database identities, the URL as set."""
+        if not (self.is_postgres and self.database_identities):
+            return self.ledger_url
+        path = self.keys_path / "postgres" / f"{name}.password"
+        try:
+            password = path.read_text().strip()
+        except FileNotFoundError:
+            raise SystemExit(
+                f"signoff: no database password for role {self.database_role(name)} at {path}; run `signoff setup` "
+                "(or set SIGNOFF_DATABASE_IDENTITIES=false to log in as the user of SIGNOFF_DATABASE_URL)"
+            ) from None
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.ledger_url).set(username=self.database_role(name), password=password)
+        return url.render_as_string(hide_password=False)
 
     def broker_password_file(self, name: str) -> Path:
         return self.keys_path / "rabbitmq" / f"{name}.password"

@@ -34,7 +34,12 @@ from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
 from services.warm_start import SERVICES as SERVICE_MODULES
 from shared import keyring
-from shared.provisioning import provision_broker, remove_broker_identities
+from shared.provisioning import (
+    provision_broker,
+    provision_database,
+    remove_broker_identities,
+    remove_database_identities,
+)
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
 from tests.invariants import queues_left
@@ -233,6 +238,7 @@ class Deployment:
         channels = sorted(keyring.channels(self.data_dir / "keys"))
         with ThreadPoolExecutor(1) as thread:  # callers may be inside an event loop
             thread.submit(asyncio.run, provision_broker(self.settings, channels)).result()
+            thread.submit(asyncio.run, provision_database(self.settings)).result()
         self._set_up = True
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
@@ -306,9 +312,18 @@ class Deployment:
             yield console
 
     @asynccontextmanager
+    async def engine(self, identity: str):
+        """An engine on the ledger as one service's own role (a test acting as that service)."""
+        engine = create_engine(self.settings, identity=identity, pool_size=2)
+        try:
+            yield engine
+        finally:
+            await engine.dispose()
+
+    @asynccontextmanager
     async def ledger(self):
         """A read connection to the ledger, for assertions."""
-        engine = create_engine(self.settings, pool_size=2)
+        engine = create_engine(self.settings, identity="console", pool_size=2)
         try:
             yield sessionmaker(engine)
         finally:
@@ -343,6 +358,8 @@ class Deployment:
             async with engine.begin() as conn:
                 await conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.namespace}" CASCADE'))
             await engine.dispose()
+            if self._set_up:
+                await remove_database_identities(self.settings)
 
 
 async def next_event(queue: aio_pika.abc.AbstractQueue, *types: str, timeout: float = 20.0) -> Any:

@@ -31,7 +31,7 @@ ROUTES = (
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "approval-ledger")
     authority = Authority.from_settings(settings)
-    engine = create_engine(settings, pool_size=POOL_SIZE)
+    engine = create_engine(settings, identity="approval-ledger", pool_size=POOL_SIZE)
     await migrate(engine, settings)
     ledger = Ledger(
         engine=engine,

@@ -22,7 +22,7 @@ async def lead(settings: Settings, wake: asyncio.Event):
     every NOTIFY; return the connection, whose life is the leadership."""
     import asyncpg
 
-    url = make_url(settings.ledger_url)
+    url = make_url(settings.database_login("publisher"))
     connection = await asyncpg.connect(
         user=url.username,
         password=url.password,

@@ -18,7 +18,7 @@ from .relay import OutboxRelay
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "publisher")
-    engine = create_engine(settings, pool_size=2)
+    engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
         connection = await aio_pika.connect_robust(runtime.amqp_url)

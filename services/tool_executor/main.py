@@ -24,7 +24,7 @@ from .leases import Leases
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "tool-executor")
-    engine = create_engine(settings)
+    engine = create_engine(settings, identity="tool-executor")
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     async with httpx.AsyncClient() as http:

@@ -19,8 +19,10 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MIGRATION_LOCK = 0x5160FF
 
 
-def create_engine(settings: Settings, *, pool_size: int = 10) -> AsyncEngine:
-    url = settings.ledger_url
+def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> AsyncEngine:
+    """An engine on the ledger, logged in as `identity` (a service, or `console`): on
+    PostgreSQL its own role, which may do only what that service needs."""
+    url = settings.database_login(identity)
     if settings.is_postgres:
         connect_args = {}
         if settings.database_schema:
@@ -117,8 +119,12 @@ async def _migrate(engine: AsyncEngine, settings: Settings) -> None:
             async with engine.begin() as conn:
                 if settings.is_postgres:
                     await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-                    if settings.database_schema:
-                        await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"'))
+                    schema = settings.database_schema
+                    # Made by `signoff setup` (then owned by the ledger's role, which may not create schemas).
+                    if schema and not await conn.scalar(
+                        text("SELECT 1 FROM pg_namespace WHERE nspname = :s"), {"s": schema}
+                    ):
+                        await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
                 from alembic import command
 
                 await conn.run_sync(lambda sync_conn: command.upgrade(_alembic_config(sync_conn), "head"))

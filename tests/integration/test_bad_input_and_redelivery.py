@@ -5,11 +5,13 @@ import asyncio
 
 import aio_pika
 from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.tables import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
-from tests.harness import SERVICES, eventually, next_event, start_and_wait_for_approval
+from shared.settings import Settings
+from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
 
 
 async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed(deployment, sink):
@@ -131,19 +133,22 @@ async def test_two_first_turns_of_one_new_session_get_one_turn_and_one_session_b
     deployment.start("approval-ledger", faults="ledger.before_commit@turn.start:hold")
     session_id = mint("ses")
     first, second = StartTurn(session_id=session_id, text="one"), StartTurn(session_id=session_id, text="two")
-    async with deployment.console() as console, deployment.ledger() as ledger:
+    # Another role's queries and waits are visible to the database's administrator only: the test watches as one.
+    monitor = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url)
+    async with deployment.console() as console:
         events = await console.watch(session_id)
         await console.send(first)
         await eventually(lambda: asyncio.to_thread(deployment.fault_reached, "ledger.before_commit"))
         await console.send(second)
 
         async def second_waits_on_the_first():
-            async with ledger() as db:
+            async with monitor.connect() as db:
                 return await db.scalar(text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE 'INSERT INTO sessions%'"))
 
         await eventually(second_waits_on_the_first)
+        await monitor.dispose()
         deployment.release("ledger.before_commit")
         rejected = await next_event(events, "message.rejected")
         assert (rejected.rejected_message_id, rejected.reason_code) == (second.message_id, "session_busy")

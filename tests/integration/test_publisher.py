@@ -14,14 +14,14 @@ async def test_the_publisher_sends_nothing_that_was_not_committed(deployment):
     settings = deployment.settings
     session_id = mint("ses")
     topology = Topology(settings.namespace)
-    async with deployment.console() as console:
+    async with deployment.console() as console, deployment.engine("approval-ledger") as ledger:
         events = await console.watch(session_id)
         rolled_back = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="never committed")
-        async with UnitOfWork(console.engine, topology, notify_channel(settings)) as uow:
+        async with UnitOfWork(ledger, topology, notify_channel(settings)) as uow:
             uow.emit(None, rolled_back)
             await uow.flush()  # the row exists inside the transaction, then is rolled back
         committed = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="committed")
-        async with UnitOfWork(console.engine, topology, notify_channel(settings)) as uow:
+        async with UnitOfWork(ledger, topology, notify_channel(settings)) as uow:
             uow.emit(None, committed)
             await uow.commit()
 
@@ -35,11 +35,11 @@ async def test_events_of_one_session_arrive_in_commit_order_with_increasing_sequ
     deployment.start("publisher")
     settings = deployment.settings
     session_id = mint("ses")
-    async with deployment.console() as console:
+    async with deployment.console() as console, deployment.engine("approval-ledger") as ledger:
         events = await console.watch(session_id)
         sent = []
         for n in range(50):
-            async with UnitOfWork(console.engine, Topology(settings.namespace), notify_channel(settings)) as uow:
+            async with UnitOfWork(ledger, Topology(settings.namespace), notify_channel(settings)) as uow:
                 message = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text=str(n), sequence=n + 1)
                 uow.emit(None, message)
                 await uow.commit()

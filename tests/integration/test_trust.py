@@ -152,3 +152,34 @@ async def test_the_model_step_or_a_tool_in_the_executor_cannot_put_an_approval_o
         await console.send(approval.model_copy(update={"message_id": mint("msg")}))
         await next_event(events, "turn.completed", timeout=30)
     assert sink.counts["/sink"] == 1
+
+
+async def test_on_postgresql_only_the_ledgers_role_can_write_a_decision_and_each_role_only_its_own_rows(pg_deployment):
+    from sqlalchemy import text
+    from sqlalchemy.exc import ProgrammingError
+
+    pg_deployment.setup()
+    forbidden = {
+        "tool-executor": ["INSERT INTO decisions (request_id, decision, reason, message, responder, message_id, "
+                          "decided_at) VALUES ('apr_x', 'approve', '', '', 'x', 'm', now())",
+                          "UPDATE tool_calls SET arguments = '{}'", "UPDATE approval_requests SET status = 'approved'"],
+        "publisher": ["UPDATE outbox SET body = ''", "INSERT INTO decisions (request_id) VALUES ('apr_x')",
+                      "DELETE FROM outbox"],
+        "console": ["UPDATE approval_requests SET status = 'approved'", "DELETE FROM inbox"],
+    }
+    allowed = {
+        "tool-executor": ["SELECT count(*) FROM decisions", "UPDATE execution_claims SET attempts = attempts"],
+        "publisher": ["UPDATE outbox SET sent_at = sent_at", "SELECT count(*) FROM hook_deliveries"],
+        "console": ["SELECT count(*) FROM decisions"],
+        "approval-ledger": ["UPDATE approval_requests SET status = status"],
+    }
+    for identity, statements in forbidden.items():
+        async with pg_deployment.engine(identity) as engine:
+            for statement in statements:
+                with pytest.raises(ProgrammingError, match="permission denied"):
+                    async with engine.begin() as conn:
+                        await conn.execute(text(statement))
+    for identity, statements in allowed.items():
+        async with pg_deployment.engine(identity) as engine, engine.begin() as conn:
+            for statement in statements:
+                await conn.execute(text(statement))
