@@ -64,6 +64,9 @@ class ToolSpec(BaseModel):
     starter_may_approve: bool = True
     # Four eyes and more: this many distinct people must approve; one denial denies.
     approvals_required: int = Field(default=1, ge=1)
+    # How long a request for this tool waits for a decision before it closes as
+    # expired; None: the deployment's default (SIGNOFF_APPROVAL_TIMEOUT_SECONDS).
+    expires_after_seconds: float | None = Field(default=None, gt=0)
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
 
     def argument_errors(self, arguments: dict[str, Any]) -> list[str]:

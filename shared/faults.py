@@ -23,6 +23,7 @@ log = logging.getLogger("signoff.faults")
 POINTS = {
     "ledger.before_commit": "inside a ledger transaction, all rows written, before COMMIT (tag: message type)",
     "ledger.after_commit": "after a ledger transaction committed, before the message is acked (tag: message type)",
+    "ledger.after_expiry": "after the expiry sweep closed one request, before it closes the next",
     "publisher.after_send": "after an outbox batch was confirmed by RabbitMQ, before it is marked sent",
     "publisher.after_hook": "after a lifecycle hook was delivered (2xx), before it is marked delivered",
     "model_step.mid_call": "while the provider call is in flight",

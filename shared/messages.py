@@ -228,6 +228,21 @@ class ApprovalRequested(Envelope):
     # The request's one-time response token, shown only here (the ledger keeps its
     # hash): a channel may answer with it instead of naming a person.
     response_token: str | None = None
+    # When it closes as expired if nobody decides, and where it came from: the turn,
+    # the model attempt that produced the call, and the ledger run that committed it.
+    expires_at: datetime | None = None
+    turn_id: Identifier | None = None
+    attempt: int | None = None
+    run_id: Identifier | None = None
+
+
+class ApprovalExpired(Envelope):
+    """Nobody decided in time: the request is closed as expired, and the model is told."""
+
+    type: Literal["approval.expired"] = "approval.expired"
+    request_id: Identifier
+    call_id: Identifier
+    expired_at: datetime
 
 
 class ApprovalCounted(Envelope):
@@ -298,6 +313,7 @@ Event = Annotated[
     ApprovalRequested
     | ApprovalCounted
     | ApprovalDecided
+    | ApprovalExpired
     | ToolCallClosed
     | OperatorAlerted
     | TurnCompleted
@@ -317,6 +333,7 @@ AnyMessage = Annotated[
     | ApprovalRequested
     | ApprovalCounted
     | ApprovalDecided
+    | ApprovalExpired
     | ToolCallClosed
     | OperatorAlerted
     | TurnCompleted

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     channel: str = "cli"
     # A response issued further than this from the ledger's clock is refused as stale.
     response_window_seconds: float = 300.0
+    # How long a request waits for a decision before it closes as expired (a tool may
+    # say otherwise), and how often the ledger looks for requests past due.
+    approval_timeout_seconds: float = 24 * 3600.0
+    expiry_sweep_seconds: float = 1.0
     # How long the ledger's authorization on a `tool.execute` holds.
     authorization_ttl_seconds: float = 24 * 3600.0
     # Each service and channel connects to RabbitMQ as its own user, with only the

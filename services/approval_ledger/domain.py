@@ -94,6 +94,8 @@ class RequestOnRecord:
     # Distinct approvals counted so far, and whether the responder at hand gave one of them.
     approvals: int = 0
     approved_by_responder: bool = False
+    # When it closes as expired if nobody decides (None: never).
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -253,15 +255,20 @@ REPLAYED = Refusal("replayed", "This response id was used before; a response cou
 UNKNOWN_REQUEST = Refusal("unknown_request", "No approval request with that id exists in this session.")
 
 
-def judge_response(request: RequestOnRecord | None, response: RespondToApproval) -> Refusal | None:
+def judge_response(
+    request: RequestOnRecord | None, response: RespondToApproval, *, at: datetime | None = None
+) -> Refusal | None:
     """Whether a response may decide a request: it must name a pending request of
-    its own session, a token must be that request's and unused, and an approval
-    must carry the digest of the arguments shown (invariant 6). None: it may."""
+    its own session that has not expired (by `at`, even before the sweep closed
+    it), a token must be that request's and unused, and an approval must carry the
+    digest of the arguments shown (invariant 6). None: it may."""
     if request is None or request.session_id != response.session_id:
         return UNKNOWN_REQUEST
     refused = judge_token(request, response.response_token)
     if refused:
         return refused
+    if request.status == "expired" or (request.status == "pending" and has_expired(request, at)):
+        return Refusal("expired", "The request expired before this answer; nothing was decided.")
     if request.status != "pending":
         return Refusal("already_decided", f"The request is already {request.status}.")
     if response.decision == "approve" and response.args_digest != request.args_digest:
@@ -269,6 +276,29 @@ def judge_response(request: RequestOnRecord | None, response: RespondToApproval)
             "digest_mismatch", "The approval names different arguments from the ones shown; refusing to run them."
         )
     return None
+
+
+def has_expired(request: RequestOnRecord, at: datetime | None) -> bool:
+    return at is not None and request.expires_at is not None and request.expires_at <= at
+
+
+def deadline(created_at: datetime, tool_expires_after: float | None, default_seconds: float) -> datetime:
+    """When a new request expires: the tool's own wait, or the deployment's."""
+    return created_at + timedelta(seconds=tool_expires_after or default_seconds)
+
+
+def producing_attempt(attempts: Sequence[ProviderAttempt]) -> int | None:
+    """The provider attempt whose reply made the step's calls: its completed one."""
+    return next((a.number for a in attempts if a.status == "completed"), None)
+
+
+def closure_of_expiry(request: RequestOnRecord) -> ClosureOnRecord:
+    """An expired request closes its call with a reason a person (and the model) can read."""
+    assert request.expires_at is not None
+    when = request.expires_at.isoformat(timespec="seconds")
+    return ClosureOnRecord(
+        "expired", reason_code="expired", reason_text=f"Nobody decided in time: it expired at {when}."
+    )
 
 
 def judge_token(request: RequestOnRecord, token: str | None) -> Refusal | None:

@@ -5,16 +5,19 @@ only: every rule is in `domain`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared import faults
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.messages import (
     ApprovalDecided,
+    ApprovalExpired,
     Envelope,
     ModelStepCompleted,
     OperatorAlerted,
@@ -48,6 +51,10 @@ class Ledger:
     # With broker identities, a message counts only from the service or channel that may send it.
     check_senders: bool
     notify_channel: str | None = None
+    # Seconds a request waits for a decision unless its tool says otherwise.
+    approval_timeout: float = 24 * 3600.0
+    # This ledger process's run, recorded on each request it commits (provenance).
+    run_id: str = field(default_factory=lambda: mint("run"))
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.engine, self.topology, self.notify_channel)
@@ -176,9 +183,19 @@ async def _plan_and_record_calls(
             request_id = request_ids[call.id]
             digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
             card = plan.spec.card(call.arguments)
-            required = plan.spec.approvals_required
             records.approval_request(
-                uow, session, call, request_id, card, digest, pending, cause, approvals_required=required
+                uow,
+                session,
+                call,
+                request_id,
+                card,
+                digest,
+                pending,
+                cause,
+                approvals_required=plan.spec.approvals_required,
+                expires_at=domain.deadline(uow.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
+                attempt=domain.producing_attempt(cause.attempts),
+                run_id=ledger.run_id,
             )
         else:
             records.execution(uow, session, call, cause, ledger.authority, request_id=None, stored=False)
@@ -195,7 +212,7 @@ async def respond_to_approval(
         response, authority.channels, at=uow.now, window=authority.response_window
     ) or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
     request, step = await reads.request_and_calls(uow, response.request_id, response.session_id, response.responder)
-    refused = refused or domain.judge_response(request if session else None, response)
+    refused = refused or domain.judge_response(request if session else None, response, at=uow.now)
     policy = domain.approval_policy(ledger.catalogue, request.tool) if request else domain.NOBODY
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
     if refused:
@@ -287,3 +304,49 @@ async def execution_refused(
             reason_text=f"The executor refused to run it: {refusal.reason_text}",
         ),
     )
+
+
+async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
+    """Close one request whose deadline passed, if it still waits: its call closes as
+    expired, the model is told when the step resumes, and events say so. One unit of
+    work under the session's lock, so a sweep killed half-way and run again, or two
+    ledgers sweeping at once, close each request once. True: it was closed now."""
+    async with ledger.unit_of_work() as uow:
+        session = await uow.lock_session(session_id)
+        request, step = await reads.request_and_calls(uow, request_id, session_id, responder="")
+        if session is None or request is None or request.status != "pending":
+            return False
+        if not domain.has_expired(request, uow.now):
+            return False
+        call = step.find(request.call_id)
+        assert call is not None, f"request {request.id} without its call"
+        uow.update(records.APPROVAL_REQUESTS, request.id, status="expired")
+        assert request.expires_at is not None
+        uow.emit(
+            session,
+            ApprovalExpired(
+                session_id=session.id, request_id=request.id, call_id=call.id, expired_at=request.expires_at
+            ),
+        )
+        records.closure(uow, session, call, domain.closure_of_expiry(request), None)
+        session.updated_at = uow.now
+        resumed = domain.resume(step.calls, session_waits=step.session_waits)
+        await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, None)
+        await uow.commit()
+        return True
+
+
+async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
+    """Forever: close every request past its deadline. Any ledger replica may run it."""
+    while True:
+        try:
+            async with ledger.unit_of_work() as uow:
+                due = await reads.due_requests(uow, uow.now)
+            for request_id, session_id in due:
+                if await expire_request(ledger, request_id, session_id):
+                    log.info("request %s expired", request_id)
+                    await faults.reached("ledger.after_expiry")
+        except Exception:
+            # The database away: the requests stay due, and the next sweep closes them.
+            log.exception("expiry sweep failed; retrying")
+        await asyncio.sleep(every)

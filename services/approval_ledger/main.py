@@ -39,6 +39,7 @@ async def run(settings: Settings) -> None:
         catalogue=load_catalogue(settings.tools_file),
         authority=authority,
         check_senders=settings.broker_identities,
+        approval_timeout=settings.approval_timeout_seconds,
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )
@@ -57,6 +58,6 @@ async def run(settings: Settings) -> None:
         # would only ever save it for the rare duplicate (invariant 8).
         runtime.consume(message_type, TypeAdapter(model), partial(apply, handler), redis_fast_path=False)
     try:
-        await runtime.serve()
+        await runtime.serve(partial(handlers.sweep_expired_requests, ledger, settings.expiry_sweep_seconds))
     finally:
         await engine.dispose()

@@ -9,6 +9,7 @@ never read back; the transcript is read only when a model step is requested.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Row, bindparam, func, select, union_all
 
@@ -53,6 +54,12 @@ _PENDING = (
     .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
 )
 # A response id counts once: as a decision, or as one approval of several.
+_DUE = (
+    select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
+    .where(APPROVAL_REQUESTS.c.status == "pending", APPROVAL_REQUESTS.c.expires_at <= bindparam("at"))
+    .order_by(APPROVAL_REQUESTS.c.expires_at)
+    .limit(bindparam("limit"))
+)
 _RESPONSE_USED = union_all(
     select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")),
     select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")),
@@ -108,6 +115,7 @@ _REQUEST_AND_CALLS = (
         _target.c.tool.label("request_tool"),
         _request.c.response_token_hash,
         _request.c.token_used_at,
+        _request.c.expires_at.label("request_expires_at"),
         _turn.c.started_by.label("turn_started_by"),
         _session.c.started_by.label("session_started_by"),
         select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
@@ -181,8 +189,15 @@ async def request_and_calls(
         starters=frozenset(s for s in (first.session_started_by, first.turn_started_by) if s),
         approvals=first.approvals,
         approved_by_responder=bool(first.approved_by_responder),
+        expires_at=first.request_expires_at,
     )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
+
+
+async def due_requests(uow: UnitOfWork, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+    """(request id, session id) of pending requests whose deadline passed, oldest first
+    (an index range scan: nearly free while nothing is due)."""
+    return [(r.id, r.session_id) for r in await uow.db.execute(_DUE, {"at": at, "limit": limit})]
 
 
 async def response_used(uow: UnitOfWork, response_id: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from datetime import datetime
 
 from shared.catalogue import ToolCatalogue
 from shared.ledger.tables import TABLES
@@ -47,6 +48,11 @@ APPROVALS = TABLES["approvals"]
 SESSIONS = TABLES["sessions"]
 CLOSURES = TABLES["closures"]
 PROVIDER_ATTEMPTS = TABLES["provider_attempts"]
+
+
+def _id_of(cause: Envelope | None) -> str | None:
+    """The message a record answers; None for the ledger's own doing (a deadline passing)."""
+    return cause.message_id if cause is not None else None
 
 
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
@@ -117,7 +123,7 @@ def assistant_entry(uow: UnitOfWork, session: SessionState, text: str, calls: li
 
 
 async def step_request(
-    uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope
+    uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope | None
 ) -> None:
     """A new model step, asked for with the whole transcript."""
     step_id = mint("stp")
@@ -136,7 +142,7 @@ async def step_request(
         session,
         RequestModelStep(
             session_id=session.id,
-            causation_id=cause.message_id,
+            causation_id=_id_of(cause),
             step_id=step_id,
             provider=session.provider,
             transcript=await reads.transcript(uow, session),
@@ -194,11 +200,15 @@ def approval_request(
     card: ApprovalCard,
     args_digest: str,
     pending_request_ids: list[str],
-    cause: Envelope,
+    cause: Envelope | None,
     *,
     approvals_required: int,
+    expires_at: datetime,
+    attempt: int | None,
+    run_id: str,
 ) -> None:
-    """The request, stored with its one-time response token's hash; the token itself
+    """The request, stored with its one-time response token's hash, its deadline and
+    where it came from (turn, step, model attempt, ledger run); the token itself
     (random, 256 bits) leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
     uow.add(
@@ -213,13 +223,18 @@ def approval_request(
             "response_token_hash": token_hash(response_token),
             "token_used_at": None,
             "created_at": uow.now,
+            "expires_at": expires_at,
+            "turn_id": call.turn_id,
+            "step_id": call.step_id,
+            "attempt": attempt,
+            "run_id": run_id,
         },
     )
     uow.emit(
         session,
         ApprovalRequested(
             session_id=session.id,
-            causation_id=cause.message_id,
+            causation_id=_id_of(cause),
             request_id=request_id,
             call_id=call.id,
             step_id=call.step_id,
@@ -228,6 +243,10 @@ def approval_request(
             pending_request_ids=pending_request_ids,
             approvals_required=approvals_required,
             response_token=response_token,
+            expires_at=expires_at,
+            turn_id=call.turn_id,
+            attempt=attempt,
+            run_id=run_id,
         ),
     )
 
@@ -236,7 +255,7 @@ def execution(
     uow: UnitOfWork,
     session: SessionState,
     call: Call,
-    cause: Envelope,
+    cause: Envelope | None,
     authority: Authority,
     *,
     request_id: str | None,
@@ -250,7 +269,7 @@ def execution(
     call.status = "executing"
     command = ExecuteTool(
         session_id=session.id,
-        causation_id=cause.message_id,
+        causation_id=_id_of(cause),
         call_id=call.id,
         tool=call.tool,
         arguments=call.arguments,
@@ -318,7 +337,13 @@ def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> N
 
 
 def closure(
-    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope, *, stored: bool = True
+    uow: UnitOfWork,
+    session: SessionState,
+    call: Call,
+    closed: ClosureOnRecord,
+    cause: Envelope | None,
+    *,
+    stored: bool = True,
 ) -> None:
     """Close a call: its status and its one closure row (invariant 3), and say so."""
     if stored:
@@ -341,7 +366,7 @@ def closure(
         session,
         ToolCallClosed(
             session_id=session.id,
-            causation_id=cause.message_id,
+            causation_id=_id_of(cause),
             call_id=call.id,
             kind=closed.kind,
             reason_code=closed.reason_code,
@@ -351,13 +376,13 @@ def closure(
 
 
 def operator_alert(
-    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope
+    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope | None
 ) -> None:
     uow.emit(
         session,
         OperatorAlerted(
             session_id=session.id,
-            causation_id=cause.message_id,
+            causation_id=_id_of(cause),
             call_id=call.id,
             tool=call.tool,
             reason_code=closed.reason_code or closed.kind,
@@ -367,7 +392,12 @@ def operator_alert(
 
 
 async def resumption(
-    uow: UnitOfWork, session: SessionState, turn_id: str, resumed: Resumption, catalogue: ToolCatalogue, cause: Envelope
+    uow: UnitOfWork,
+    session: SessionState,
+    turn_id: str,
+    resumed: Resumption,
+    catalogue: ToolCatalogue,
+    cause: Envelope | None,
 ) -> None:
     """The step's calls as this transition leaves them: the session's status, or
     (the step done) its closures and notes, then the next model step."""

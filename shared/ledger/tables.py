@@ -128,6 +128,7 @@ class ToolCall(Base):
 
 class ApprovalRequest(Base):
     __tablename__ = "approval_requests"
+    __table_args__ = (Index("ix_approval_requests_due", "status", "expires_at"),)
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     call_id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), unique=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
@@ -140,6 +141,14 @@ class ApprovalRequest(Base):
     response_token_hash: Mapped[str | None] = mapped_column(String(100), nullable=True)
     token_used_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
+    # When an unanswered request closes as expired (None: never; rows made before deadlines).
+    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Provenance: the turn and step, the model attempt that produced the call, and the
+    # ledger run (process start) that committed it.
+    turn_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    step_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    run_id: Mapped[str | None] = mapped_column(Id, nullable=True)
 
 
 class Approval(Base):

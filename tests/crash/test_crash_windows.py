@@ -281,3 +281,28 @@ async def _drain(queue):
     await asyncio.sleep(0.3)
     while (raw := await queue.get(no_ack=True, fail=False)) is not None:
         yield EVENT.validate_json(raw.body)
+
+
+async def test_an_expiry_sweep_killed_half_way_closes_each_request_once_after_the_restart(deployment, sink):
+    """Two requests past their deadline; the ledger is SIGKILLed right after the sweep
+    closed the first; the replacement closes the other, and neither twice."""
+    wire(deployment, sink)
+    deployment.extra_env.update(SIGNOFF_APPROVAL_TIMEOUT_SECONDS="2", SIGNOFF_EXPIRY_SWEEP_SECONDS="0.2")
+    deployment.start_with_fault("approval-ledger", "ledger.after_expiry")
+    sessions = [mint("ses"), mint("ses")]
+    async with deployment.console() as console:
+        watched = [await start_and_wait_for_approval(console, s) for s in sessions]
+        await deployment.replace_after_fault("approval-ledger")
+        seen = []
+        for events, _ in watched:
+            while (event := await next_event(events, timeout=30)).type != "turn.completed":
+                seen.append(event.type)
+            seen += [e.type async for e in _drain(events)]
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
+    for session_id, (_, requested) in zip(sessions, watched, strict=True):
+        [closure] = await rows(deployment, Closure, call_id=requested.call_id)
+        assert closure.kind == "expired"
+        [request] = await rows(deployment, ApprovalRequest, session_id=session_id)
+        assert request.status == "expired"
+    assert (seen.count("approval.expired"), seen.count("tool.closed")) == (2, 2), "each closed, and said so, once"
+    assert sink.counts["/sink"] == 0
