@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--reason", required=True)
     deny.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
 
+    cancel = commands.add_parser("cancel", help="cancel a session's open turn (by session or turn id)")
+    cancel.add_argument("target", help="ses_… (its open turn) or trn_…")
+    cancel.add_argument("--reason", default="")
+    cancel.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
+
     dead = commands.add_parser(
         "dead-letters", help="list parked (dead-lettered) messages with their reasons; they stay parked"
     )
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(console.respond(settings, args.request_id, "approve", "", args.message, args.responder))
         if args.command == "deny":
             return asyncio.run(console.respond(settings, args.request_id, "deny", args.reason, "", args.responder))
+        if args.command == "cancel":
+            return asyncio.run(console.cancel(settings, args.target, args.reason, args.responder))
         if args.command == "dead-letters":
             return asyncio.run(console.dead_letters(settings, args.limit))
     except KeyboardInterrupt:

@@ -21,8 +21,8 @@ from shared import keyring
 from shared.consuming import publish
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
-from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow
-from shared.messages import EVENT, Envelope, RespondToApproval, StartTurn, mint
+from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow, Turn
+from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
 from shared.provisioning import provision_broker, provision_database
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
@@ -233,6 +233,39 @@ async def respond(
         message_id = await console.respond(request_id, decision, reason, message, responder)
         print(f"{decision} sent for {request_id} (message {message_id})")
     return 0
+
+
+async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
+    async with Console(settings) as console:
+        turn_id = target if target.startswith("trn_") else None
+        session_id = target
+        if turn_id is not None:
+            async with console.sessions() as db:
+                turn = await db.get(Turn, turn_id)
+            if turn is None:
+                print(f"signoff: no turn {turn_id}", file=sys.stderr)
+                return 1
+            session_id = turn.session_id
+        command = CancelTurn(session_id=session_id, turn_id=turn_id, reason=reason, cancelled_by=by)
+        events = await console.watch(session_id)
+        await console.send(command)
+        try:
+            async with asyncio.timeout(30):
+                while True:
+                    raw = await events.get(no_ack=True, fail=False)
+                    if raw is None:
+                        await asyncio.sleep(0.05)
+                        continue
+                    event = EVENT.validate_json(raw.body)
+                    if event.type == "turn.cancelled" and event.causation_id == command.message_id:
+                        print(f"cancelled turn {event.turn_id} of session {session_id}")
+                        return 0
+                    if event.type == "message.rejected" and event.rejected_message_id == command.message_id:
+                        print(f"signoff: not cancelled: {event.reason_code}: {event.reason_text}", file=sys.stderr)
+                        return 1
+        except TimeoutError:
+            print(f"signoff: cancel sent for {session_id}; no answer from the ledger within 30 s", file=sys.stderr)
+            return 1
 
 
 async def dead_letters(settings: Settings, limit: int = 100) -> int:

@@ -118,6 +118,19 @@ class StartTurn(Envelope):
     started_by: str | None = Field(default=None, min_length=1, max_length=256)
 
 
+class CancelTurn(Envelope):
+    """Stop the session's open turn: its open requests close as cancelled, a call
+    still running closes honestly (an outward one as outcome-unknown, and an
+    operator is told), a model step still running is discarded when it reports, and
+    the session can start a new turn."""
+
+    type: Literal["turn.cancel"] = "turn.cancel"
+    # The turn to cancel; None: whichever turn of the session is open.
+    turn_id: Identifier | None = None
+    reason: ShortText = ""
+    cancelled_by: str = Field(default="unknown", max_length=256)
+
+
 class RespondToApproval(Envelope):
     """A person's answer, signed by the channel adapter that authenticated them.
 
@@ -297,6 +310,13 @@ class TurnFailed(Envelope):
     reason_text: str
 
 
+class TurnCancelled(Envelope):
+    type: Literal["turn.cancelled"] = "turn.cancelled"
+    turn_id: Identifier
+    cancelled_by: str
+    reason: str = ""
+
+
 class MessageRejected(Envelope):
     """The machine-readable answer to input that does not fit (invariant 9)."""
 
@@ -307,7 +327,7 @@ class MessageRejected(Envelope):
     reason_text: str
 
 
-LEDGER_INPUTS = (StartTurn, RespondToApproval, ModelStepCompleted, ToolExecuted, RefuseExecution)
+LEDGER_INPUTS = (StartTurn, CancelTurn, RespondToApproval, ModelStepCompleted, ToolExecuted, RefuseExecution)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 Event = Annotated[
     ApprovalRequested
@@ -318,12 +338,14 @@ Event = Annotated[
     | OperatorAlerted
     | TurnCompleted
     | TurnFailed
+    | TurnCancelled
     | MessageRejected,
     Field(discriminator="type"),
 ]
 EVENTS: tuple[type[Envelope], ...] = get_args(get_args(Event)[0])
 AnyMessage = Annotated[
     StartTurn
+    | CancelTurn
     | RespondToApproval
     | ModelStepCompleted
     | ToolExecuted
@@ -338,6 +360,7 @@ AnyMessage = Annotated[
     | OperatorAlerted
     | TurnCompleted
     | TurnFailed
+    | TurnCancelled
     | MessageRejected,
     Field(discriminator="type"),
 ]

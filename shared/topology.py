@@ -25,6 +25,7 @@ from shared.messages import Envelope
 # Which ledger queue takes which inbound message type.
 LEDGER_QUEUES = {
     "turn.start": "ledger.turns",
+    "turn.cancel": "ledger.cancels",
     "approval.respond": "ledger.responses",
     "step.completed": "ledger.steps",
     "tool.completed": "ledger.tools",
@@ -38,6 +39,7 @@ COMMAND_TYPES = {**LEDGER_QUEUES, **SERVICE_QUEUES}
 # Who sends each command: a service's broker identity, or "channel" for any channel adapter.
 SENDERS = {
     "turn.start": "channel",
+    "turn.cancel": "channel",
     "approval.respond": "channel",
     "step.completed": "model-step",
     "tool.completed": "tool-executor",

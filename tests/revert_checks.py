@@ -114,6 +114,11 @@ MUTATIONS = [
    "        await runtime.serve(partial(handlers.sweep_expired_requests, ledger, settings.expiry_sweep_seconds))",
    "        await runtime.serve()",
    "tests/integration/test_lifetimes.py tests/crash/test_crash_windows.py::test_an_expiry_sweep_killed_half_way_closes_each_request_once_after_the_restart"),
+  ("a cancelled call's claim is not held back from the executor", "services/approval_ledger/handlers.py",
+   '        claim = await records.hold_back(uow, call) if call.status == "executing" else None',
+   '        claim = None',
+   "tests/integration/test_lifetimes.py::test_a_call_cancelled_before_the_executor_took_it_never_runs "
+   "tests/integration/test_lifetimes.py::test_cancelling_while_an_outward_call_runs_closes_it_as_outcome_unknown_and_tells_an_operator"),
   ("rollback publishes", "services/approval_ledger/unit_of_work.py",
    "        await self.db.rollback()\n        await self.db.close()",
    "        await self.db.commit()\n        await self.db.close()",

@@ -444,6 +444,60 @@ def needs_operator(closure: ClosureOnRecord) -> bool:
     return closure.kind == "outcome_unknown"
 
 
+# --- cancelling a turn ------------------------------------------------------------
+
+NOTHING_TO_CANCEL = Refusal("nothing_to_cancel", "The session has no open turn to cancel.")
+
+
+def refuse_cancellation(open_turn_id: str | None, asked_turn_id: str | None) -> Refusal | None:
+    """Only the session's open turn can be cancelled, and only if it is the one named."""
+    if open_turn_id is None:
+        return NOTHING_TO_CANCEL
+    if asked_turn_id is not None and asked_turn_id != open_turn_id:
+        return Refusal("unknown_turn", f"Turn {asked_turn_id} is not the session's open turn.")
+    return None
+
+
+@dataclass(frozen=True)
+class ClaimOnRecord:
+    """The executor's claim on a call as the ledger found it while cancelling."""
+
+    status: str  # claimed | finished
+    outcome: str | None = None
+    result: dict[str, Any] | None = None
+
+
+CANCELLED_BEFORE_RUNNING = "cancelled before it ran"
+
+
+def cancellation_closure(
+    call: Call, claim: ClaimOnRecord | None, effect: str, *, by: str, reason: str
+) -> ClosureOnRecord:
+    """How each open call of a cancelled turn closes, honestly. Waiting for a person,
+    or not yet taken by the executor (`claim` None: the ledger's own tombstone claim
+    now keeps it from ever running): cancelled. Finished: its recorded result.
+    Running: an outward call may or may not have happened (outcome-unknown, for an
+    operator); a read or idempotent one is cancelled, its late result ignored."""
+    said = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
+    cancelled = ClosureOnRecord("cancelled", reason_code="cancelled", reason_text=said)
+    if call.status == "awaiting_approval" or claim is None:
+        return cancelled
+    if claim.status == "finished":
+        result = claim.result or {}
+        if claim.outcome == "output":
+            return ClosureOnRecord("output", output=result.get("output"))
+        if claim.outcome == "error":
+            return ClosureOnRecord("error", reason_code="tool_failed", reason_text=result.get("error"))
+        return ClosureOnRecord("outcome_unknown", reason_code="outcome_unknown", reason_text=OUTCOME_UNKNOWN_TEXT)
+    if effect == "outward":
+        return ClosureOnRecord(
+            "outcome_unknown",
+            reason_code="outcome_unknown",
+            reason_text=f"{said} It was running; whether it happened is unknown.",
+        )
+    return cancelled
+
+
 # --- resuming a step and the session's status ----------------------------------
 
 

@@ -18,6 +18,7 @@ from shared.consuming import sender
 from shared.messages import (
     ApprovalDecided,
     ApprovalExpired,
+    CancelTurn,
     Envelope,
     ModelStepCompleted,
     OperatorAlerted,
@@ -27,6 +28,7 @@ from shared.messages import (
     StartTurn,
     ToolExecuted,
     TranscriptEntry,
+    TurnCancelled,
     TurnCompleted,
     TurnFailed,
     mint,
@@ -350,3 +352,40 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
             # The database away: the requests stay due, and the next sweep closes them.
             log.exception("expiry sweep failed; retrying")
         await asyncio.sleep(every)
+
+
+@transition
+async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | None, command: CancelTurn) -> None:
+    """Stop the open turn: every open call closes honestly (`cancellation_closure`),
+    its closures are written for the model's next turn, a model step still running
+    is discarded when it reports, and the session says `cancelled` until a new turn."""
+    turn_id, step, calls = await reads.open_turn(uow, command.session_id) if session else (None, None, [])
+    refused = domain.refuse_cancellation(turn_id, command.turn_id)
+    if refused:
+        records.refusal(uow, session, command, refused)
+        return
+    assert session is not None and turn_id is not None
+    for call in (c for c in calls if c.status != "closed"):
+        if call.status == "awaiting_approval":
+            await records.withdraw_request(uow, call)
+        claim = await records.hold_back(uow, call) if call.status == "executing" else None
+        spec = ledger.catalogue.get(call.tool)
+        closed = domain.cancellation_closure(
+            call, claim, spec.effect if spec else "outward", by=command.cancelled_by, reason=command.reason
+        )
+        records.closure(uow, session, call, closed, command)
+        if domain.needs_operator(closed):
+            records.operator_alert(uow, session, call, closed, command)
+    if step is not None and step.status == "requested":
+        uow.update(records.STEPS, step.id, status="cancelled")
+    for entry in domain.resume(calls, session_waits=False).entries or []:
+        records.append(uow, session, entry)
+    session.updated_at = uow.now
+    cancelled = TurnCancelled(
+        session_id=session.id,
+        causation_id=command.message_id,
+        turn_id=turn_id,
+        cancelled_by=command.cancelled_by,
+        reason=command.reason,
+    )
+    records.end_turn(uow, session, cancelled)

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter
 
 from shared.catalogue import load_catalogue
 from shared.ledger.database import create_engine, migrate, notify_channel
-from shared.messages import ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
+from shared.messages import CancelTurn, ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
 from shared.runtime import prepare
 from shared.settings import Settings
 
@@ -21,6 +21,7 @@ from .handlers import Ledger
 POOL_SIZE = 20
 ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
+    ("turn.cancel", CancelTurn, handlers.cancel_turn),
     ("approval.respond", RespondToApproval, handlers.respond_to_approval),
     ("step.completed", ModelStepCompleted, handlers.model_step_completed),
     ("tool.completed", ToolExecuted, handlers.tool_executed),

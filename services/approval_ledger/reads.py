@@ -97,6 +97,24 @@ _CALL_AND_SIBLINGS = (
     .where(_target.c.id == bindparam("call_id"))
     .order_by(TOOL_CALLS.c.position)
 )
+_OPEN_TURN = (
+    select(TURNS.c.id)
+    .where(TURNS.c.session_id == bindparam("session_id"), TURNS.c.status == "running")
+    .order_by(TURNS.c.created_at.desc())
+    .limit(1)
+)
+_LATEST_STEP = (
+    select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status)
+    .where(STEPS.c.turn_id == bindparam("turn_id"))
+    .order_by(STEPS.c.created_at.desc(), STEPS.c.id.desc())
+    .limit(1)
+)
+_CALLS_OF_STEP = (
+    select(*_CALL_COLUMNS)
+    .select_from(_SIBLINGS)
+    .where(TOOL_CALLS.c.step_id == bindparam("step_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
 # An approval request, its call and the other calls of its step; whether the session
 # waits on a request other than this one (which this response decides); who started
 # the session and the call's turn; the approvals counted so far, and whether the
@@ -198,6 +216,19 @@ async def due_requests(uow: UnitOfWork, at: datetime, limit: int = 100) -> list[
     """(request id, session id) of pending requests whose deadline passed, oldest first
     (an index range scan: nearly free while nothing is due)."""
     return [(r.id, r.session_id) for r in await uow.db.execute(_DUE, {"at": at, "limit": limit})]
+
+
+async def open_turn(uow: UnitOfWork, session_id: str) -> tuple[str | None, Step | None, list[Call]]:
+    """The session's open turn, its latest step, and that step's calls in the model's order."""
+    turn_id = await uow.db.scalar(_OPEN_TURN, {"session_id": session_id})
+    if turn_id is None:
+        return None, None, []
+    row = (await uow.db.execute(_LATEST_STEP, {"turn_id": turn_id})).first()
+    if row is None:
+        return turn_id, None, []
+    step = Step(row.id, row.session_id, row.turn_id, row.status)
+    rows = await uow.db.execute(_CALLS_OF_STEP, {"step_id": step.id})
+    return turn_id, step, [_call(r) for r in rows]
 
 
 async def response_used(uow: UnitOfWork, response_id: str) -> bool:

@@ -10,7 +10,10 @@ import logging
 import secrets
 from datetime import datetime
 
+from sqlalchemy import select, update
+
 from shared.catalogue import ToolCatalogue
+from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import (
     ApprovalCard,
@@ -26,6 +29,7 @@ from shared.messages import (
     ToolCallClosed,
     TranscriptCall,
     TranscriptEntry,
+    TurnCancelled,
     TurnCompleted,
     TurnFailed,
     mint,
@@ -33,7 +37,18 @@ from shared.messages import (
 
 from . import reads
 from .authority import Authority
-from .domain import Call, ClosureOnRecord, Refusal, RequestOnRecord, Resumption, Step, Tally, token_hash
+from .domain import (
+    CANCELLED_BEFORE_RUNNING,
+    Call,
+    ClaimOnRecord,
+    ClosureOnRecord,
+    Refusal,
+    RequestOnRecord,
+    Resumption,
+    Step,
+    Tally,
+    token_hash,
+)
 from .unit_of_work import SessionState, UnitOfWork
 
 log = logging.getLogger("signoff.ledger")
@@ -47,6 +62,7 @@ DECISIONS = TABLES["decisions"]
 APPROVALS = TABLES["approvals"]
 SESSIONS = TABLES["sessions"]
 CLOSURES = TABLES["closures"]
+CLAIMS = TABLES["execution_claims"]
 PROVIDER_ATTEMPTS = TABLES["provider_attempts"]
 
 
@@ -103,14 +119,54 @@ def session_starter(uow: UnitOfWork, session: SessionState, starter: str | None)
         uow.update(SESSIONS, session.id, started_by=starter)
 
 
-def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed) -> None:
-    """The turn ends as the event says, and the session is idle again."""
+def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed | TurnCancelled) -> None:
+    """The turn ends as the event says, and the session can take a new one (idle, or
+    cancelled: it says so until then)."""
     if isinstance(ended, TurnCompleted):
         uow.update(TURNS, ended.turn_id, status="completed", final_text=ended.text, completed_at=uow.now)
-    else:
+        session.status = "idle"
+    elif isinstance(ended, TurnFailed):
         uow.update(TURNS, ended.turn_id, status="failed", final_text=None, completed_at=uow.now)
-    session.status = "idle"
+        session.status = "idle"
+    else:
+        uow.update(TURNS, ended.turn_id, status="cancelled", final_text=None, completed_at=uow.now)
+        session.status = "cancelled"
     uow.emit(session, ended)
+
+
+async def hold_back(uow: UnitOfWork, call: Call) -> ClaimOnRecord | None:
+    """Keep a call that is being cancelled from running: the ledger takes the call's
+    claim itself, finished as cancelled, so an executor that comes later finds it
+    done (the claim's primary key decides who was first). None: the call had not
+    started and now never will; else the executor's claim, locked, as it stands."""
+    fresh = await uow.db.execute(
+        insert_unless_present(CLAIMS, "call_id", uow.db.dialect.name),
+        {
+            "call_id": call.id,
+            "idempotency_key": call.idempotency_key,
+            "status": "finished",
+            "holder": "ledger",
+            "lease_expires_at": uow.now,
+            "attempts": 0,
+            "outcome": "error",
+            "result": {"error": CANCELLED_BEFORE_RUNNING},
+            "claimed_at": uow.now,
+            "finished_at": uow.now,
+        },
+    )
+    if fresh.rowcount == 1:
+        return None
+    row = (await uow.db.execute(select(CLAIMS).where(CLAIMS.c.call_id == call.id).with_for_update())).one()
+    return ClaimOnRecord(row.status, row.outcome, row.result)
+
+
+async def withdraw_request(uow: UnitOfWork, call: Call) -> None:
+    """The call's pending request closes as cancelled."""
+    await uow.db.execute(
+        update(APPROVAL_REQUESTS)
+        .where(APPROVAL_REQUESTS.c.call_id == call.id, APPROVAL_REQUESTS.c.status == "pending")
+        .values(status="cancelled")
+    )
 
 
 def assistant_entry(uow: UnitOfWork, session: SessionState, text: str, calls: list[Call]) -> None:

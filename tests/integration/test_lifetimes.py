@@ -1,11 +1,14 @@
 """Nothing waits forever: an unanswered request expires, the model is told, and a
 late answer decides nothing (docs/design.md, invariant 5)."""
 
+import asyncio
+
 from sqlalchemy import select
 
-from shared.ledger.tables import ApprovalRequest, Closure, TranscriptRow
-from shared.messages import RespondToApproval, mint
+from shared.ledger.tables import ApprovalRequest, Closure, Session, TranscriptRow
+from shared.messages import CancelTurn, RespondToApproval, StartTurn, mint
 from tests.harness import next_event, rows, start_and_wait_for_approval
+from tests.integration.test_command_line import signoff
 
 
 async def test_an_unanswered_request_expires_the_model_is_told_and_a_late_answer_is_refused(deployment, sink):
@@ -38,3 +41,72 @@ async def test_an_unanswered_request_expires_the_model_is_told_and_a_late_answer
     assert any(e.get("closure") == "expired" and e["text"].startswith("Expired: Nobody decided in time")
                for e in said), "the model was told the request expired"
     assert sink.counts["/sink"] == 0
+
+
+async def test_cancelling_a_waiting_session_closes_its_request_and_the_session_takes_a_new_turn(deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        said = await asyncio.to_thread(signoff, deployment, "cancel", session_id, "--reason", "wrong day", "--as", "ann")
+        assert said.strip() == f"cancelled turn {requested.turn_id} of session {session_id}"
+        closed = await next_event(events, "tool.closed")
+        cancelled = await next_event(events, "turn.cancelled")
+        assert (closed.kind, closed.reason_text) == ("cancelled", "Cancelled by ann: wrong day")
+        assert (cancelled.turn_id, cancelled.cancelled_by) == (requested.turn_id, "ann")
+        [session] = await rows(deployment, Session, id=session_id)
+        assert session.status == "cancelled"
+        late = console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                              decision="approve", args_digest=requested.args_digest))
+        await console.send(late)
+        assert (await next_event(events, "message.rejected")).reason_code == "already_decided"
+        again = await asyncio.to_thread(signoff, deployment, "cancel", session_id, check=False)
+        assert "nothing_to_cancel" in again
+        # A new turn: the model sees the cancelled call closed, and carries on.
+        await console.send(StartTurn(session_id=session_id, text="never mind"))
+        await next_event(events, "turn.completed", timeout=30)
+    [request] = await rows(deployment, ApprovalRequest, id=requested.request_id)
+    assert request.status == "cancelled"
+    assert sink.counts["/sink"] == 0
+
+
+async def test_cancelling_while_an_outward_call_runs_closes_it_as_outcome_unknown_and_tells_an_operator(
+    deployment, sink
+):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    sink.hold_next("/sink")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await asyncio.to_thread(sink.wait_held)
+        await console.send(CancelTurn(session_id=session_id, cancelled_by="ann"))
+        closed = await next_event(events, "tool.closed")
+        alert = await next_event(events, "operator.alerted")
+        await next_event(events, "turn.cancelled")
+        sink.release()
+        assert (closed.kind, alert.call_id) == ("outcome_unknown", requested.call_id)
+        await asyncio.sleep(1)  # the executor's late report changes nothing
+        [closure] = await rows(deployment, Closure, call_id=requested.call_id)
+        assert closure.kind == "outcome_unknown"
+    assert sink.counts["/sink"] == 1
+
+
+async def test_a_call_cancelled_before_the_executor_took_it_never_runs(deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        deployment.kill("tool-executor")
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "approval.decided")
+        await console.send(CancelTurn(session_id=session_id, cancelled_by="ann"))
+        closed = await next_event(events, "tool.closed")
+        await next_event(events, "turn.cancelled")
+        assert closed.kind == "cancelled"
+        deployment.start("tool-executor")  # the approved tool.execute still waits in its queue
+        await asyncio.sleep(2)
+    assert sink.counts["/sink"] == 0, "the ledger's own claim kept it from running"
