@@ -32,10 +32,10 @@ lint: $(STAMP)
 contract: $(STAMP)
 	$(BIN)/python -m shared.contract > docs/asyncapi.yaml
 
-# The broker-restart test restarts the shared RabbitMQ, so it runs alone, last.
+# The broker-restart and database-outage tests stop shared services, so they run alone, last.
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart" tests
-	$(BIN)/python -m pytest -q -m broker_restart tests
+	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart and not database_outage" tests
+	$(BIN)/python -m pytest -q -m "broker_restart or database_outage" tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -44,8 +44,8 @@ integration: $(STAMP)
 	$(BIN)/python -m pytest -n $(WORKERS) -q tests/integration
 
 crash: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) -q -m "not broker_restart" tests/crash
-	$(BIN)/python -m pytest -q -m broker_restart tests/crash
+	$(BIN)/python -m pytest -n $(WORKERS) -q -m "not broker_restart and not database_outage" tests/crash
+	$(BIN)/python -m pytest -q -m "broker_restart or database_outage" tests/crash
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -89,14 +90,9 @@ class Inbound:
         delivered_before = int((raw.headers or {}).get("x-delivery-count") or 0)
         previous_deliveries.set(delivered_before)
         sender.set(raw.raw_message.user_id)
-        work = asyncio.ensure_future(handle(message))
         try:
-            # A lost broker connection cancels the consumer; the work itself is
-            # finished anyway, so a half-run tool call or transaction is not cut
-            # short. Its redelivery then finds it done.
-            await asyncio.shield(work)
+            await self._handle_through_outages(message, handle)
         except asyncio.CancelledError:
-            work.add_done_callback(_log_failure)
             raise
         except Rejected as rejection:
             await self.dead_letter(raw, rejection.code, rejection.detail)
@@ -119,6 +115,36 @@ class Inbound:
             return
         await raw.ack()
         await self._remember(message.message_id)
+
+    async def _handle_through_outages(self, message: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
+        """Handle the message; while a dependency (the database, Redis) is away, wait
+        for it and try again, holding the message: an outage pauses consumption
+        instead of spending the message's deliveries and parking it. Any other
+        failure is the caller's to count."""
+        pause = 0.5
+        while True:
+            work = asyncio.ensure_future(handle(message))
+            try:
+                # A lost broker connection cancels the consumer; the work itself is
+                # finished anyway, so a half-run tool call or transaction is not cut
+                # short. Its redelivery then finds it done.
+                await asyncio.shield(work)
+                return
+            except asyncio.CancelledError:
+                work.add_done_callback(_log_failure)
+                raise
+            except Exception as error:
+                if not is_outage(error):
+                    raise
+                log.warning(
+                    "%s: %s waits for a dependency that is away (%s); retrying in %.1f s",
+                    self.consumer,
+                    message.message_id,
+                    _cause(error),
+                    pause,
+                )
+                await asyncio.sleep(pause)
+                pause = min(5.0, pause * 2)
 
     async def _already_handled(self, message_id: str) -> bool:
         if self.redis is None:
@@ -157,6 +183,41 @@ class Inbound:
         await raw.ack()
 
 
+def is_outage(error: BaseException) -> bool:
+    """Whether an error says a dependency is unreachable (not that the message is bad):
+    a connection refused or lost, a database that is starting or shutting down, a
+    pool that cannot get a connection."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionError | TimeoutError | socket.gaierror):
+            return True
+        name = type(seen).__name__
+        module = type(seen).__module__
+        if module.startswith("sqlalchemy") and name in ("OperationalError", "InterfaceError", "TimeoutError"):
+            return True
+        if getattr(seen, "connection_invalidated", False):
+            return True
+        if module.startswith("asyncpg") and name in (
+            "CannotConnectNowError",
+            "ConnectionDoesNotExistError",
+            "ConnectionFailureError",
+            "AdminShutdownError",
+            "CrashShutdownError",
+            "InterfaceError",
+            "InternalClientError",
+            "TooManyConnectionsError",
+        ):
+            return True
+        if module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _cause(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+
+
 def _log_failure(work: asyncio.Future) -> None:
     if not work.cancelled() and work.exception() is not None:
         log.warning(
@@ -185,6 +246,8 @@ async def declare(broker: RabbitBroker, topology: Topology) -> None:
         exchanges[name] = await broker.declare_exchange(RabbitExchange(name, type=kind, durable=True))
     dlq = await broker.declare_queue(topology.dead_letter_queue)
     await dlq.bind(exchanges[topology.dead.name])
+    parked = await broker.declare_queue(topology.parked_queue)
+    await parked.bind(exchanges[topology.dead.name])
     for message_type in COMMAND_TYPES:
         queue = await broker.declare_queue(topology.inbound_queue(message_type))
         await queue.bind(exchanges[topology.inbound_exchange(message_type).name], routing_key=message_type)

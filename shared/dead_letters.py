@@ -16,7 +16,7 @@ Pure: headers and body in, a description out.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,8 @@ class ParkedMessage:
     detail: str
     consumer: str
     parked_at: str
+    # The parked message's own fields, as far as its body is a JSON object (else empty).
+    envelope: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def line(self) -> str:
         return (
@@ -67,6 +69,7 @@ def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None
         detail=detail or "(none)",
         consumer=consumer or (f"queue {_text(death.get('queue'))}" if death else "?"),
         parked_at=parked_at or "?",
+        envelope=envelope,
     )
 
 

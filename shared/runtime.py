@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 
 from shared import faults
 from shared.consuming import Inbound
+from shared.dead_letters import ParkedMessage, describe
 from shared.settings import Settings
 from shared.topology import Topology
 
@@ -127,6 +128,24 @@ class Runtime:
         )
         async def entrypoint(message) -> None:
             await inbound.receive(message, adapter, handle)
+
+    def consume_parked(self, handle: Callable[[ParkedMessage], Awaitable[None]]) -> None:
+        """Subscribe to the copies of parked messages (the ledger's). Acked once handled;
+        a failure is retried up to the delivery limit, then the copy is dropped (the
+        original stays parked, listed by `signoff dead-letters`)."""
+
+        @self.broker.subscriber(
+            self.topology.parked_queue, self.topology.dead, ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
+        )
+        async def entrypoint(message) -> None:
+            try:
+                await handle(describe(message.message_id, message.body, message.headers))
+            except Exception:
+                log.exception("handling a parked message's copy failed; it will be redelivered")
+                await asyncio.sleep(0.5)
+                await message.nack(requeue=True)
+                return
+            await message.ack()
 
     async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Connect, consume until told to stop. The topology is `signoff setup`'s to declare."""

@@ -101,6 +101,19 @@ class Topology:
             durable=True,
         )
 
+    @property
+    def parked_queue(self) -> RabbitQueue:
+        """A copy of every parked message, for the ledger: one that a session was
+        waiting on fails its turn with the reason, so no session is stuck. No
+        dead-letter exchange of its own (that would loop); a copy it cannot handle
+        is dropped after the delivery limit, the original stays parked."""
+        return RabbitQueue(
+            self._name("ledger.parked"),
+            queue_type=QueueType.QUORUM,
+            durable=True,
+            arguments={"x-delivery-limit": self.delivery_limit},
+        )
+
     def queue_name(self, short: str) -> str:
         return self._name(short)
 
@@ -131,7 +144,10 @@ class Topology:
         return self.events.name, f"{kind}.{message.session_id}"
 
     def all_queue_names(self) -> list[str]:
-        return [self.queue_name(q) for q in COMMAND_TYPES.values()] + [self.dead_letter_queue.name]
+        return [self.queue_name(q) for q in COMMAND_TYPES.values()] + [
+            self.dead_letter_queue.name,
+            self.parked_queue.name,
+        ]
 
     def all_exchange_names(self) -> list[str]:
         return [self._name(short) for short in (*SENDER_EXCHANGES.values(), "events", "dead")]
@@ -181,6 +197,8 @@ class Topology:
             return Permissions(any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\..+", private))
         queue = own_queues[name]
         sources = [rf"{ns}\.{re.escape(SENDER_EXCHANGES[s])}" for s in {SENDERS[t] for t in _consumed_by(name)}]
+        if name == "approval-ledger":
+            sources.append(dead)  # the parked messages' copies
         writes = [queue, dead] + ([rf"{ns}\.{re.escape(SENDER_EXCHANGES[name])}"] if name in SENDER_EXCHANGES else [])
         return Permissions(any_of(queue), any_of(*writes), any_of(queue, *sorted(sources)))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -442,6 +443,26 @@ def closure_of_outcome(report: ToolExecuted) -> ClosureOnRecord:
 def needs_operator(closure: ClosureOnRecord) -> bool:
     """Only a person can settle a call that may or may not have happened."""
     return closure.kind == "outcome_unknown"
+
+
+# --- messages that could not be handled -----------------------------------------------
+
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def is_identifier(value: str) -> bool:
+    return bool(_IDENTIFIER.match(value))
+
+
+def stalls_the_turn(message_type: str, envelope: Mapping[str, Any], step: Step | None, calls: Sequence[Call]) -> bool:
+    """Whether the open turn waits on a message that was parked: its model step's
+    request or report (the step still requested), or the execution or result of one
+    of its calls still executing. Then only failing the turn unsticks the session."""
+    if message_type in ("step.requested", "step.completed"):
+        return step is not None and step.status == "requested" and envelope.get("step_id") == step.id
+    if message_type in ("tool.execute", "tool.completed"):
+        return any(c.id == envelope.get("call_id") and c.status == "executing" for c in calls)
+    return False
 
 
 # --- cancelling a turn ------------------------------------------------------------

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared import faults
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
+from shared.dead_letters import ParkedMessage
 from shared.messages import (
     ApprovalDecided,
     ApprovalExpired,
@@ -365,22 +366,7 @@ async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | N
         records.refusal(uow, session, command, refused)
         return
     assert session is not None and turn_id is not None
-    for call in (c for c in calls if c.status != "closed"):
-        if call.status == "awaiting_approval":
-            await records.withdraw_request(uow, call)
-        claim = await records.hold_back(uow, call) if call.status == "executing" else None
-        spec = ledger.catalogue.get(call.tool)
-        closed = domain.cancellation_closure(
-            call, claim, spec.effect if spec else "outward", by=command.cancelled_by, reason=command.reason
-        )
-        records.closure(uow, session, call, closed, command)
-        if domain.needs_operator(closed):
-            records.operator_alert(uow, session, call, closed, command)
-    if step is not None and step.status == "requested":
-        uow.update(records.STEPS, step.id, status="cancelled")
-    for entry in domain.resume(calls, session_waits=False).entries or []:
-        records.append(uow, session, entry)
-    session.updated_at = uow.now
+    await _close_open_turn(ledger, uow, session, step, calls, command, by=command.cancelled_by, reason=command.reason)
     cancelled = TurnCancelled(
         session_id=session.id,
         causation_id=command.message_id,
@@ -389,3 +375,54 @@ async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | N
         reason=command.reason,
     )
     records.end_turn(uow, session, cancelled)
+
+
+async def _close_open_turn(
+    ledger: Ledger,
+    uow: UnitOfWork,
+    session: SessionState,
+    step: domain.Step | None,
+    calls: list[domain.Call],
+    cause: Envelope | None,
+    *,
+    by: str,
+    reason: str,
+) -> None:
+    """Every open call of the turn's step closes honestly (`cancellation_closure`),
+    the closures go into the transcript for the model's next turn, and a model step
+    still running is discarded when it reports."""
+    for call in (c for c in calls if c.status != "closed"):
+        if call.status == "awaiting_approval":
+            await records.withdraw_request(uow, call)
+        claim = await records.hold_back(uow, call) if call.status == "executing" else None
+        spec = ledger.catalogue.get(call.tool)
+        closed = domain.cancellation_closure(call, claim, spec.effect if spec else "outward", by=by, reason=reason)
+        records.closure(uow, session, call, closed, cause)
+        if domain.needs_operator(closed):
+            records.operator_alert(uow, session, call, closed, cause)
+    if step is not None and step.status == "requested":
+        uow.update(records.STEPS, step.id, status="cancelled")
+    for entry in domain.resume(calls, session_waits=False).entries or []:
+        records.append(uow, session, entry)
+    session.updated_at = uow.now
+
+
+async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:
+    """A parked message the session's open turn was waiting on (its model step's
+    request or report, a call's execution or result) would leave the session stuck:
+    the turn fails with the reason instead, its open calls closed honestly. Anything
+    else parked (a bad response, a stale report) changes nothing here."""
+    session_id = parked.session_id
+    async with ledger.unit_of_work() as uow:
+        session = await uow.lock_session(session_id) if domain.is_identifier(session_id) else None
+        if session is None:
+            return
+        turn_id, step, calls = await reads.open_turn(uow, session_id)
+        if turn_id is None or not domain.stalls_the_turn(parked.message_type, parked.envelope, step, calls):
+            return
+        said = f"{parked.message_type} {parked.message_id} was parked ({parked.reason}): {parked.detail}"
+        await _close_open_turn(ledger, uow, session, step, calls, None, by="signoff", reason=said)
+        failed = TurnFailed(session_id=session.id, turn_id=turn_id, reason_code="message_parked", reason_text=said)
+        records.end_turn(uow, session, failed)
+        await uow.commit()
+        log.warning("turn %s of session %s failed: %s", turn_id, session_id, said)

@@ -58,6 +58,7 @@ async def run(settings: Settings) -> None:
         # transition's own transaction, cheaper than the two Redis calls that
         # would only ever save it for the rare duplicate (invariant 8).
         runtime.consume(message_type, TypeAdapter(model), partial(apply, handler), redis_fast_path=False)
+    runtime.consume_parked(partial(apply, handlers.message_parked))
     try:
         await runtime.serve(partial(handlers.sweep_expired_requests, ledger, settings.expiry_sweep_seconds))
     finally:

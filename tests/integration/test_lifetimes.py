@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from shared.ledger.tables import ApprovalRequest, Closure, Session, TranscriptRow
 from shared.messages import CancelTurn, RespondToApproval, StartTurn, mint
-from tests.harness import next_event, rows, start_and_wait_for_approval
+from tests.harness import SERVICES, next_event, rows, start_and_wait_for_approval
 from tests.integration.test_command_line import signoff
 
 
@@ -110,3 +110,22 @@ async def test_a_call_cancelled_before_the_executor_took_it_never_runs(deploymen
         deployment.start("tool-executor")  # the approved tool.execute still waits in its queue
         await asyncio.sleep(2)
     assert sink.counts["/sink"] == 0, "the ledger's own claim kept it from running"
+
+
+async def test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session(
+    deployment, sink
+):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_DELIVERY_LIMIT="2")
+    deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
+    deployment.start("approval-ledger", faults="ledger.before_commit@step.completed:raise")
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events = await console.watch(session_id)
+        await console.send(StartTurn(session_id=session_id, text="go"))
+        failed = await next_event(events, "turn.failed", timeout=30)
+    assert failed.reason_code == "message_parked"
+    assert failed.reason_text.startswith("step.completed msg_") and "(delivery_limit)" in failed.reason_text
+    [session] = await rows(deployment, Session, id=session_id)
+    assert session.status == "idle", "the session can take a new turn"
+    listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+    assert f"type=step.completed session={session_id}" in listed, "the dead letter names the session it failed"
