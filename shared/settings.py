@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     # say otherwise), and how often the ledger looks for requests past due.
     approval_timeout_seconds: float = 24 * 3600.0
     expiry_sweep_seconds: float = 1.0
+    # How long the ledger keeps sent outbox rows, inbox rows (the redelivery horizon:
+    # see services/approval_ledger/retention.py) and delivered hook rows, and how often it looks.
+    outbox_retention_seconds: float = 7 * 24 * 3600.0
+    inbox_retention_seconds: float = 7 * 24 * 3600.0
+    hook_retention_seconds: float = 7 * 24 * 3600.0
+    retention_sweep_seconds: float = 60.0
     # How long the ledger's authorization on a `tool.execute` holds.
     authorization_ttl_seconds: float = 24 * 3600.0
     # Each service and channel connects to RabbitMQ as its own user, with only the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from functools import partial
 
 from pydantic import TypeAdapter
@@ -16,6 +17,7 @@ from shared.settings import Settings
 from . import handlers
 from .authority import Authority
 from .handlers import Ledger
+from .retention import Retention, sweep_forever
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.
 POOL_SIZE = 20
@@ -59,7 +61,19 @@ async def run(settings: Settings) -> None:
         # would only ever save it for the rare duplicate (invariant 8).
         runtime.consume(message_type, TypeAdapter(model), partial(apply, handler), redis_fast_path=False)
     runtime.consume_parked(partial(apply, handlers.message_parked))
+    retention = Retention(
+        outbox=timedelta(seconds=settings.outbox_retention_seconds),
+        inbox=timedelta(seconds=settings.inbox_retention_seconds),
+        hooks=timedelta(seconds=settings.hook_retention_seconds),
+    )
+
+    async def sweeps() -> None:
+        await asyncio.gather(
+            handlers.sweep_expired_requests(ledger, settings.expiry_sweep_seconds),
+            sweep_forever(engine, retention, settings.retention_sweep_seconds),
+        )
+
     try:
-        await runtime.serve(partial(handlers.sweep_expired_requests, ledger, settings.expiry_sweep_seconds))
+        await runtime.serve(sweeps)
     finally:
         await engine.dispose()

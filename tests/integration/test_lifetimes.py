@@ -129,3 +129,34 @@ async def test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_t
     assert session.status == "idle", "the session can take a new turn"
     listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
     assert f"type=step.completed session={session_id}" in listed, "the dead letter names the session it failed"
+
+
+async def test_sent_outbox_rows_inbox_rows_and_delivered_hooks_are_deleted_after_their_retention(deployment, sink):
+    from sqlalchemy import func
+
+    from shared.ledger.tables import InboxRow, OutboxRow
+
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_OUTBOX_RETENTION_SECONDS="1",
+                                SIGNOFF_INBOX_RETENTION_SECONDS="1", SIGNOFF_RETENTION_SWEEP_SECONDS="0.3")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed", timeout=30)
+
+        async def left() -> tuple[int, int]:
+            async with deployment.ledger() as ledger, ledger() as db:
+                outbox = await db.scalar(select(func.count()).select_from(OutboxRow)
+                                         .where(OutboxRow.session_id == session_id))
+                inbox = await db.scalar(select(func.count()).select_from(InboxRow)
+                                        .where(InboxRow.session_id == session_id))
+            return outbox, inbox
+
+        assert (await left()) != (0, 0)
+        await asyncio.sleep(2.5)
+        assert await left() == (0, 0), "nothing past its retention is kept"
+        # The session lives on: what was deleted is nothing the ledger reads again.
+        await console.send(StartTurn(session_id=session_id, text="again"))
+        await next_event(events, "turn.completed", timeout=30)
+    assert sink.counts["/sink"] == 1
