@@ -42,6 +42,18 @@ class PythonImplementation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["python"] = "python"
     function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    # How long a call may run; past it an outward call is closed as outcome-unknown,
+    # a read or idempotent one as an error (services/tool_executor/tools.py).
+    timeout_seconds: float = Field(default=60.0, gt=0)
+
+
+class Escalation(BaseModel):
+    """After `after_seconds` without a decision, the request is announced again to
+    `to` (principals and `group:<name>` entries), who may then approve it too."""
+
+    model_config = ConfigDict(extra="forbid")
+    after_seconds: float = Field(gt=0)
+    to: list[str] = Field(min_length=1)
 
 
 class ToolSpec(BaseModel):
@@ -67,6 +79,7 @@ class ToolSpec(BaseModel):
     # How long a request for this tool waits for a decision before it closes as
     # expired; None: the deployment's default (SIGNOFF_APPROVAL_TIMEOUT_SECONDS).
     expires_after_seconds: float | None = Field(default=None, gt=0)
+    escalation: Escalation | None = None
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
 
     def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
@@ -115,9 +128,8 @@ class ToolCatalogue(BaseModel):
         `approvals_required`: a request nobody could ever approve is a mistake in
         the catalogue, refused when it is loaded rather than found by a waiting person."""
         for tool in self.tools:
-            unknown = [
-                e for e in tool.approvers if e.startswith(GROUP_PREFIX) and e[len(GROUP_PREFIX) :] not in self.groups
-            ]
+            named = [*tool.approvers, *(tool.escalation.to if tool.escalation else [])]
+            unknown = [e for e in named if e.startswith(GROUP_PREFIX) and e[len(GROUP_PREFIX) :] not in self.groups]
             if unknown:
                 raise ValueError(f"tool {tool.name!r} names undeclared approver groups: {', '.join(unknown)}")
             approvers = self.approvers_of(tool)
@@ -132,8 +144,12 @@ class ToolCatalogue(BaseModel):
         """The principals who may approve the tool, its groups resolved; None: anyone."""
         if not tool.approvers:
             return None
+        return self.principals(tool.approvers)
+
+    def principals(self, entries: list[str]) -> frozenset[str]:
+        """Principals and `group:<name>` entries, the groups resolved."""
         principals: set[str] = set()
-        for entry in tool.approvers:
+        for entry in entries:
             if entry.startswith(GROUP_PREFIX):
                 # Declared: the catalogue refuses an undeclared group when it is loaded.
                 principals.update(self.groups[entry[len(GROUP_PREFIX) :]])

@@ -15,8 +15,10 @@ Anthropic one also insists on alternating roles and tool results first.
 Replies come from a script, like the scripted provider: a request whose
 transcript holds n assistant messages gets the n-th reply, so a retried
 request gets the same reply. `fail_next(n, status)` makes the next n requests
-fail with that status (429 carries `Retry-After: 0`). Every request, the status
-answered and the usage reported are kept for the test to check.
+fail with that status (429 carries `Retry-After: 0`). `answer_next(*bodies)`
+makes the next requests succeed (HTTP 200) with these bodies, one each, whatever
+their shape: garbage a provider might send. Every request, the status answered
+and the usage reported are kept for the test to check.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class FakeProvider:
         self.statuses: list[int] = []
         self.usages: list[dict[str, int]] = []
         self._failures: list[int] = []
+        self._bodies: list[Any] = []
         self._lock = threading.Lock()
         fake = self
 
@@ -90,13 +93,17 @@ class FakeProvider:
         with self._lock:
             self._failures.extend([status] * n)
 
+    def answer_next(self, *bodies: Any) -> None:
+        with self._lock:
+            self._bodies.extend(bodies)
+
     @property
     def bad_requests(self) -> list[int]:
         return [s for s in self.statuses if s == 400]
 
     # --- one request ----------------------------------------------------------
 
-    def _answer(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict, dict[str, str]]:
+    def _answer(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any, dict[str, str]]:
         with self._lock:
             try:
                 body = json.loads(raw or b"null")
@@ -107,7 +114,7 @@ class FakeProvider:
             self.statuses.append(status)
             return status, payload, extra
 
-    def _decide(self, path: str, headers: dict[str, str], body: Any) -> tuple[int, dict, dict[str, str]]:
+    def _decide(self, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any, dict[str, str]]:
         if path != self.path:
             return 404, self.error("not_found", f"no route {path}"), {}
         if self._failures:
@@ -116,6 +123,8 @@ class FakeProvider:
             return status, self.error("rate_limit_error" if status == 429 else "api_error", f"injected {status}"), extra
         if not self.authorized(headers):
             return 401, self.error("authentication_error", "invalid api key"), {}
+        if self._bodies:
+            return 200, self._bodies.pop(0), {}
         if not isinstance(body, dict):
             return 400, self.error("invalid_request_error", "body is not a JSON object"), {}
         try:

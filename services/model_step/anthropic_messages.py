@@ -15,7 +15,8 @@ from pydantic import SecretStr
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
-from .replies import ProviderError, ProviderReply
+from .replies import MAX_TOKENS, ProviderReply, tokens, unusable
+from .tool_call_ids import fit
 from .transport import HttpProvider
 
 
@@ -69,32 +70,46 @@ def request_body(
     return body
 
 
-def parse_reply(answer: dict[str, Any], provider: str = "anthropic") -> ProviderReply:
-    usage_part = answer.get("usage") or {}
+def _usage(answer: Any) -> Usage:
+    part = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(part, dict):
+        return Usage()
     # Cached prompt tokens are billed too, under their own names.
-    usage = Usage(
-        input_tokens=sum(
-            int(usage_part.get(k) or 0)
-            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        ),
-        output_tokens=int(usage_part.get("output_tokens") or 0),
+    billed = sum(
+        tokens(part.get(k)) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
+    return Usage(input_tokens=min(billed, MAX_TOKENS), output_tokens=tokens(part.get("output_tokens")))
+
+
+def parse_reply(answer: Any, provider: str = "anthropic") -> ProviderReply:
+    """The reply, or a ProviderError whatever its shape: never another exception.
+    Usage is counted as far as it is readable, also when the rest is not."""
+    usage = _usage(answer)
     try:
+        content = answer.get("content") if isinstance(answer, dict) else None
+        if not isinstance(content, list):
+            raise ValueError("the reply's content is not a list of blocks")
         texts, calls = [], []
-        for block in answer["content"]:
-            if block["type"] == "text":
+        for index, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if not isinstance(kind, str):
+                raise ValueError(f"content[{index}] is not a typed block")
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise ValueError(f"content[{index}].text is not text")
                 texts.append(block["text"])
-            elif block["type"] == "tool_use":
-                if not isinstance(block["input"], dict):
+            elif kind == "tool_use":
+                if not isinstance(block.get("input"), dict):
                     raise ValueError("tool input is not an object")
+                call_id = block.get("id")
+                if not isinstance(call_id, str) or not call_id:
+                    call_id = f"toolu_{index}"
                 calls.append(
-                    ProposedToolCall(provider_call_id=block["id"], name=block["name"], arguments=block["input"])
+                    ProposedToolCall(provider_call_id=fit(call_id), name=block.get("name"), arguments=block["input"])
                 )
         return ProviderReply(text="".join(texts), tool_calls=calls, usage=usage)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ProviderError(
-            f"{provider}: unusable reply ({type(error).__name__}: {error})"[:4000], retryable=True, usage=usage
-        ) from None
+    except Exception as error:
+        raise unusable(provider, error, usage) from None
 
 
 class AnthropicProvider(HttpProvider):

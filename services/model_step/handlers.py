@@ -1,4 +1,11 @@
-"""The model-step handler: one provider call (with retries) per step request."""
+"""The model-step handler: one provider call (with retries) per step request.
+
+Whatever the provider answers and whatever fails here, the step's report goes
+out: a reply, or the failure with every attempt counted (invariant 7), which
+fails the turn. Nothing escapes after a provider was called, because an escaped
+exception would have the step redelivered and the provider called, and billed,
+again.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,9 @@ from collections.abc import Awaitable, Callable
 
 from shared import faults
 from shared.consuming import previous_deliveries
-from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep
+from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, encode
 
-from .replies import Provider, ProviderError
+from .replies import Provider, ProviderError, ProviderReply, counted, unusable
 from .tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
 from .transcript_guard import heal
 
@@ -20,6 +27,9 @@ BACKOFF_SECONDS = 0.2
 # A provider's Retry-After is honoured up to this; longer waits are its problem
 # to report again on the next attempt, not a reason to hold the step for minutes.
 MAX_RETRY_AFTER_SECONDS = 30.0
+# Publishing the report is retried (the same message id: the ledger keeps one) this
+# many times before the step is left to its redelivery, which calls the provider again.
+REPORT_TRIES = 6
 
 
 def backoff(number: int, retry_after: float | None) -> float:
@@ -31,13 +41,17 @@ async def request_model_step(
     providers: dict[str, Provider],
     report: Callable[[ModelStepCompleted], Awaitable[None]],
     request: RequestModelStep,
+    *,
+    max_bytes: int | None = None,
 ) -> None:
-    provider = providers.get(request.provider)
-    # Healed once: every attempt sends the same request (invariant 3). Ids are
-    # made unique on the wire too, for transcripts stored before the normalizer.
-    transcript = unique_wire_ids(heal(request.transcript, request.session_id), request.session_id)
-    # Stateless: the session's claimed provider ids come from its transcript.
-    ids = ToolCallIdNormalizer.from_transcript(transcript, session_id=request.session_id)
+    """`max_bytes`: the largest message a consumer accepts (SIGNOFF_MAX_MESSAGE_BYTES);
+    a reply whose report would be larger is a failed attempt, not a parked report."""
+    completed = await _step(providers, request, max_bytes)
+    await _send(report, completed)
+    await faults.reached("model_step.after_report")
+
+
+async def _step(providers: dict[str, Provider], request: RequestModelStep, max_bytes: int | None) -> ModelStepCompleted:
     # A delivery that was never acked died with its provider call in flight (or
     # after reporting, which the ledger tells apart): counted, not forgotten (invariant 7).
     lost = previous_deliveries.get()
@@ -50,55 +64,125 @@ async def request_model_step(
         )
         for n in range(1, lost + 1)
     ]
-    reply, tool_calls, error = None, [], None
+    provider = providers.get(request.provider)
     if provider is None:
         error = f"no provider named {request.provider!r} is configured"
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
-    for number in range(lost + 1, lost + MAX_ATTEMPTS + 1 if provider else 0):
-        assert provider is not None
+        return _failed(request, attempts, error)
+    try:
+        # Healed once: every attempt sends the same request (invariant 3). Ids are
+        # made unique on the wire too, for transcripts stored before the normalizer.
+        transcript = unique_wire_ids(heal(request.transcript, request.session_id), request.session_id)
+        # Stateless: the session's claimed provider ids come from its transcript.
+        ids = ToolCallIdNormalizer.from_transcript(transcript, session_id=request.session_id)
+    except Exception as broken:
+        # Pure code over the request: it would fail the same way on every delivery.
+        log.exception("session %s step %s: could not prepare the request", request.session_id, request.step_id)
+        error = f"the model-step could not prepare the request: {type(broken).__name__}: {broken}"[:4000]
+        attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=provider.name, error=error))
+        return _failed(request, attempts, error)
+    error = ""
+    for number in range(lost + 1, lost + MAX_ATTEMPTS + 1):
+        await faults.reached("model_step.mid_call")
         try:
-            await faults.reached("model_step.mid_call")
             reply = await provider.complete(request.session_id, transcript, request.tools)
-            tool_calls = ids.normalize(reply.tool_calls)
-            ids.commit()
-            attempts.append(
-                ProviderAttempt(number=number, status="completed", provider=provider.name, usage=reply.usage)
-            )
-            break
-        except ProviderError as failure:
+            completed = _completed(request, attempts, number, provider.name, reply, ids, max_bytes)
+        except Exception as raised:
+            # A ProviderError says whether a retry can help; anything else a provider
+            # or this code raised is counted the same way, never escaping (see above).
+            failure = raised if isinstance(raised, ProviderError) else _unexpected(provider.name, raised)
             # A retry must give the same calls the same ids (invariant 2).
             ids.rollback()
+            error = str(failure)[:4000]
             attempts.append(
                 ProviderAttempt(
-                    number=number,
-                    status="failed",
-                    provider=provider.name,
-                    usage=failure.usage,
-                    error=str(failure)[:4000],
+                    number=number, status="failed", provider=provider.name, usage=counted(failure.usage), error=error
                 )
             )
-            error = str(failure)[:4000]
+            final = not failure.retryable or number == lost + MAX_ATTEMPTS
             log.warning(
                 "session %s step %s: provider %s attempt %d failed (%s): %s",
                 request.session_id,
                 request.step_id,
                 provider.name,
                 number,
-                "will retry" if failure.retryable else "final",
+                "final" if final else "will retry",
                 error,
             )
-            if not failure.retryable or number == lost + MAX_ATTEMPTS:
+            if final:
                 break
             await asyncio.sleep(backoff(number - lost, failure.retry_after))
-    await report(
-        ModelStepCompleted(
+        else:
+            ids.commit()
+            return completed
+    return _failed(request, attempts, error or "the provider gave no usable reply")
+
+
+def _completed(
+    request: RequestModelStep,
+    attempts: list[ProviderAttempt],
+    number: int,
+    provider: str,
+    reply: ProviderReply,
+    ids: ToolCallIdNormalizer,
+    max_bytes: int | None,
+) -> ModelStepCompleted:
+    """The report of a completed attempt, checked as its consumer will check it: a
+    report the ledger would park as invalid or oversized would leave the session
+    running forever. A ProviderError (retryable: the model may answer otherwise)
+    when it does not pass, with the usage billed for the reply."""
+    usage = counted(getattr(reply, "usage", None))
+    try:
+        completed = ModelStepCompleted(
             session_id=request.session_id,
             causation_id=request.message_id,
             step_id=request.step_id,
-            text=reply.text if reply else "",
-            tool_calls=tool_calls if reply else [],
-            attempts=attempts,
-            error=None if reply else error,
+            text=reply.text,
+            tool_calls=ids.normalize(reply.tool_calls),
+            attempts=[*attempts, ProviderAttempt(number=number, status="completed", provider=provider, usage=usage)],
         )
+        # Nested models are not validated again on construction: read it back as the ledger will.
+        body = encode(completed)
+        ModelStepCompleted.model_validate_json(body)
+    except Exception as error:
+        raise unusable(provider, error, usage) from None
+    if max_bytes is not None and len(body) > max_bytes:
+        raise ProviderError(
+            f"{provider}: the reply is too large to report ({len(body)} bytes; the limit is {max_bytes})",
+            retryable=True,
+            usage=usage,
+        )
+    return completed
+
+
+def _unexpected(provider: str, error: Exception) -> ProviderError:
+    """A provider that raised something other than a ProviderError: a retryable failure
+    (bounded by MAX_ATTEMPTS) whose usage, if any was billed, is unknown."""
+    return ProviderError(f"{provider}: the call failed ({type(error).__name__}: {error})"[:4000], retryable=True)
+
+
+def _failed(request: RequestModelStep, attempts: list[ProviderAttempt], error: str) -> ModelStepCompleted:
+    """The report of a step the provider could not answer: the ledger fails the turn with `error`."""
+    return ModelStepCompleted(
+        session_id=request.session_id,
+        causation_id=request.message_id,
+        step_id=request.step_id,
+        attempts=attempts,
+        error=error[:4000],
     )
-    await faults.reached("model_step.after_report")
+
+
+async def _send(report: Callable[[ModelStepCompleted], Awaitable[None]], completed: ModelStepCompleted) -> None:
+    """Publish the report, retried on a passing broker failure: the provider was called
+    and billed, and the redelivery that a failure here leads to would call it again."""
+    for number in range(1, REPORT_TRIES + 1):
+        try:
+            await report(completed)
+            return
+        except Exception as error:
+            if number == REPORT_TRIES:
+                raise
+            log.warning(
+                "step %s: publishing its report failed (%r); trying again", completed.step_id, error, exc_info=True
+            )
+            await asyncio.sleep(backoff(number, None))

@@ -22,7 +22,8 @@ async def run(settings: Settings) -> None:
     config = ModelStepSettings(**settings.model_dump())
     providers = build_providers(config)
     report = partial(publish, runtime.broker, runtime.topology, user_id=runtime.user)
-    runtime.consume("step.requested", TypeAdapter(RequestModelStep), partial(request_model_step, providers, report))
+    handle = partial(request_model_step, providers, report, max_bytes=settings.max_message_bytes)
+    runtime.consume("step.requested", TypeAdapter(RequestModelStep), handle)
     try:
         await runtime.serve()
     finally:

@@ -14,7 +14,8 @@ from pydantic import SecretStr
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
-from .replies import ProviderError, ProviderReply
+from .replies import ProviderReply, tokens, unusable
+from .tool_call_ids import fit
 from .transport import HttpProvider
 
 
@@ -74,38 +75,57 @@ def _text(content: Any) -> str:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise ValueError(f"message.content is a {type(content).__name__}, not text")
     # Some servers answer with content parts.
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
 
 
-def parse_reply(answer: dict[str, Any], provider: str = "openai") -> ProviderReply:
-    usage_part = answer.get("usage") or {}
-    usage = Usage(
-        input_tokens=int(usage_part.get("prompt_tokens") or 0),
-        output_tokens=int(usage_part.get("completion_tokens") or 0),
-    )
+def _usage(answer: Any) -> Usage:
+    part = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(part, dict):
+        return Usage()
+    return Usage(input_tokens=tokens(part.get("prompt_tokens")), output_tokens=tokens(part.get("completion_tokens")))
+
+
+def _calls(message: dict[str, Any]) -> list[ProposedToolCall]:
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise ValueError(f"message.tool_calls is a {type(raw_calls).__name__}, not a list")
+    calls = []
+    for index, call in enumerate(raw_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError(f"tool_calls[{index}] has no function object")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tool_calls[{index}].function has no name")
+        raw = function.get("arguments") or "{}"
+        arguments = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(arguments, dict):
+            raise ValueError("tool arguments are not a JSON object")
+        # Some local servers send no id at all (or not a string); the normalizer makes this unique.
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            call_id = f"call_{index}"
+        calls.append(ProposedToolCall(provider_call_id=fit(call_id), name=name, arguments=arguments))
+    return calls
+
+
+def parse_reply(answer: Any, provider: str = "openai") -> ProviderReply:
+    """The reply, or a ProviderError whatever its shape: never another exception.
+    Usage is counted as far as it is readable, also when the rest is not."""
+    usage = _usage(answer)
     try:
-        message = answer["choices"][0]["message"]
-        calls = []
-        for index, call in enumerate(message.get("tool_calls") or []):
-            function = call["function"]
-            raw = function.get("arguments") or "{}"
-            arguments = json.loads(raw) if isinstance(raw, str) else raw
-            if not isinstance(arguments, dict):
-                raise ValueError("tool arguments are not a JSON object")
-            # Some local servers send no id at all; the normalizer makes this unique.
-            calls.append(
-                ProposedToolCall(
-                    provider_call_id=call.get("id") or f"call_{index}", name=function["name"], arguments=arguments
-                )
-            )
-        return ProviderReply(text=_text(message.get("content")), tool_calls=calls, usage=usage)
-    except (KeyError, IndexError, TypeError, ValueError) as error:
-        # The model may well produce valid JSON on a second try; the tokens of
-        # this one were spent all the same (invariant 7).
-        raise ProviderError(
-            f"{provider}: unusable reply ({type(error).__name__}: {error})"[:4000], retryable=True, usage=usage
-        ) from None
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise ValueError("the reply has no choices")
+        message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        if not isinstance(message, dict):
+            raise ValueError("choices[0].message is not an object")
+        return ProviderReply(text=_text(message.get("content")), tool_calls=_calls(message), usage=usage)
+    except Exception as error:
+        raise unusable(provider, error, usage) from None
 
 
 class OpenAICompatibleProvider(HttpProvider):

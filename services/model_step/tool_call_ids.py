@@ -13,6 +13,13 @@ n >= 2 not yet claimed, so the second `Bash_0` is `Bash_0__2`, the third
 `Bash_0__3`. The rewrite depends only on the claimed set and the order of the
 calls, so the same transcript and the same reply always give the same ids.
 
+Every id stays within MAX_ID_LENGTH, the limit of a reported call's id
+(`ProposedToolCall.provider_call_id`): a report with a longer one would be refused
+as invalid and the session would wait forever. A longer id from a provider is cut
+to the limit, and a suffix replaces the end of an id at the limit
+(`<id cut short>__2`); the smallest free n still decides, so the result stays
+unique and the same for the same claimed set and calls.
+
 The model-step is stateless: it builds a normalizer from the stored transcript
 on every request. Within a request, claims made by an attempt that then fails
 are rolled back, so the retry gets the same ids as if the failed attempt had
@@ -30,6 +37,22 @@ from shared.messages import ProposedToolCall, TranscriptCall, TranscriptEntry
 Call = TypeVar("Call", ProposedToolCall, TranscriptCall)
 
 log = logging.getLogger("signoff.model_step.ids")
+
+# ProposedToolCall.provider_call_id's max_length: what a step report may carry.
+MAX_ID_LENGTH: int = next(
+    m.max_length for m in ProposedToolCall.model_fields["provider_call_id"].metadata if hasattr(m, "max_length")
+)
+
+
+def fit(provider_call_id: str) -> str:
+    """The id cut to MAX_ID_LENGTH (unchanged when it fits)."""
+    return provider_call_id[:MAX_ID_LENGTH]
+
+
+def suffixed(provider_call_id: str, n: int) -> str:
+    """`<id>__<n>`, the id cut short as much as the suffix needs to stay within MAX_ID_LENGTH."""
+    suffix = f"__{n}"
+    return fit(provider_call_id)[: MAX_ID_LENGTH - len(suffix)] + suffix
 
 
 class ToolCallIdNormalizer:
@@ -53,18 +76,19 @@ class ToolCallIdNormalizer:
         """The calls with unique ids, claimed for the current attempt (see commit and rollback)."""
         normalized = []
         for call in calls:
-            assigned = call.provider_call_id
+            assigned = fit(call.provider_call_id)
             if self.is_claimed(assigned):
                 n = 2
-                while self.is_claimed(f"{call.provider_call_id}__{n}"):
+                while self.is_claimed(suffixed(call.provider_call_id, n)):
                     n += 1
-                assigned = f"{call.provider_call_id}__{n}"
+                assigned = suffixed(call.provider_call_id, n)
                 log.info(
                     "session %s: provider reused tool-call id %s; rewritten to %s",
                     self.session_id,
                     call.provider_call_id,
                     assigned,
                 )
+            if assigned != call.provider_call_id:
                 call = call.model_copy(update={"provider_call_id": assigned})
             self._pending.add(assigned)
             normalized.append(call)

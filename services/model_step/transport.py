@@ -36,12 +36,12 @@ def _redact(text: str, secrets: tuple[str, ...]) -> str:
 def _error_detail(response: httpx.Response) -> str:
     try:
         body = response.json()
-    except ValueError:
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        return json.dumps(body)[:500]
+    except Exception:  # not JSON, or JSON nested past the parser's recursion limit
         return response.text[:500]
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])[:500]
-    return json.dumps(body)[:500]
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -69,7 +69,8 @@ async def post_json(
         response = await client.post(url, json=body, headers=headers)
     except httpx.TimeoutException as error:
         raise ProviderError(f"{provider}: no answer in time ({type(error).__name__})", retryable=True) from None
-    except httpx.TransportError as error:
+    except httpx.RequestError as error:
+        # A transport error, a body that cannot be decoded, too many redirects.
         detail = _redact(str(error), secrets)
         raise ProviderError(f"{provider}: {type(error).__name__}: {detail}"[:4000], retryable=True) from None
     status = response.status_code
@@ -83,7 +84,7 @@ async def post_json(
         )
     try:
         answer = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's limit
         raise ProviderError(f"{provider}: HTTP {status} with a body that is not JSON", retryable=True) from None
     if not isinstance(answer, dict):
         raise ProviderError(f"{provider}: HTTP {status} with a JSON body that is not an object", retryable=True)

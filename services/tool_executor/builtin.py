@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from .tools import ToolContext
 
 _counts: dict[str, int] = {}
+# Python tools run in threads of their own (tools.py): concurrent calls share the counter.
+_counts_lock = threading.Lock()
 
 
 def publish_post(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
@@ -29,8 +32,9 @@ def read_clock(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any
 def count(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
     """Increment an in-process counter: a tool that costs nothing, for the benchmark."""
     key = str(arguments.get("counter", "default"))
-    _counts[key] = _counts.get(key, 0) + 1
-    return {"counter": key, "value": _counts[key]}
+    with _counts_lock:
+        _counts[key] = value = _counts.get(key, 0) + 1
+    return {"counter": key, "value": value}
 
 
 def fail(arguments: dict[str, Any], context: ToolContext) -> None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import inspect
+import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,17 +53,78 @@ async def run_tool(
 ) -> ToolResult:
     implementation = spec.implementation
     if isinstance(implementation, PythonImplementation):
-        try:
-            function = _import(implementation.function)
-            value = function(arguments, context)
-            if inspect.isawaitable(value):
-                value = await value
-            return ToolResult("output", value)
-        except Exception as error:
-            return ToolResult("error", error=f"{type(error).__name__}: {error}")
+        return await _run_python(implementation, spec, arguments, context)
     if isinstance(implementation, HttpImplementation):
         return await _run_http(implementation, spec, arguments, context, http)
     return ToolResult("error", error=f"the tool {spec.name!r} has no implementation")
+
+
+async def _run_python(
+    implementation: PythonImplementation, spec: ToolSpec, arguments: dict[str, Any], context: ToolContext
+) -> ToolResult:
+    """A plain function runs in a thread of its own, an `async def` one on the loop:
+    either way the loop stays free, so the claim's heartbeat keeps beating however
+    long the tool takes (a lapsed claim would let a redelivery run the call again,
+    or close it as outcome-unknown while it still runs). Past the declared timeout
+    the call ends: an outward one as outcome-unknown (it may have had its effect, or
+    still have it: a thread cannot be stopped), a read or idempotent one as an error."""
+    try:
+        function = _import(implementation.function)
+    except Exception as error:
+        return ToolResult("error", error=f"{type(error).__name__}: {error}")
+    timeout = implementation.timeout_seconds
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            if inspect.iscoroutinefunction(function):
+                value = await function(arguments, context)
+            else:
+                value = await _in_thread(function, arguments, context)
+                if inspect.isawaitable(value):
+                    value = await value
+    except Exception as error:
+        if isinstance(error, TimeoutError) and deadline.expired():
+            late = f"the tool did not finish within {timeout:g} s"
+            # It may have had its effect, or have it yet: say so rather than guess (invariant 4).
+            return ToolResult("outcome_unknown" if spec.effect == "outward" else "error", error=late)
+        return ToolResult("error", error=f"{type(error).__name__}: {error}")
+    return ToolResult("output", _as_json(value))
+
+
+def _in_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """`function(*args)` in a new daemon thread: one that never returns holds no pool
+    worker and no process exit, and everything a tool raises (SystemExit too) is its result."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # timed out and abandoned
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error if isinstance(error, Exception) else ToolFailed(repr(error)))
+
+    def work() -> None:
+        try:
+            value, error = function(*args), None
+        except BaseException as raised:
+            value, error = None, raised
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name=f"tool:{getattr(function, '__name__', 'python')}", daemon=True).start()
+    return future
+
+
+def _as_json(value: Any) -> Any:
+    """The output as JSON values: it is recorded in the claim row and reported, and a
+    value neither can hold (a datetime, a set) would fail the call after it ran."""
+    try:
+        # NaN and infinities are not JSON (PostgreSQL refuses them): null, as pydantic writes them.
+        return json.loads(json.dumps(value, default=repr), parse_constant=lambda _: None)
+    except (TypeError, ValueError, RecursionError):  # keys that are not strings, cycles, depth
+        return repr(value)[:10_000]
 
 
 async def _run_http(

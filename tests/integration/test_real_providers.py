@@ -5,6 +5,7 @@ the real services against a provider that renumbers its tool-call ids
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -14,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
-from shared.ledger.tables import Closure, ProviderAttemptRow, ToolCall
+from shared.ledger.tables import Closure, ProviderAttemptRow, Session, ToolCall
 from services.model_step import anthropic_messages, openai_compatible
 from services.model_step.anthropic_messages import AnthropicProvider
 from services.model_step.handlers import request_model_step
@@ -33,7 +34,7 @@ from shared.messages import (
 )
 from shared.settings import PROJECT_ROOT
 from tests.fake_providers import FakeAnthropic, FakeOpenAI, FakeReply
-from tests.harness import next_event
+from tests.harness import assert_nothing_left_in_any_queue, next_event, rows
 
 KEY = "sk-test-4f1c9e2b7d-never-shown"
 TOOLS = [ToolDescription(
@@ -373,3 +374,44 @@ async def test_a_provider_that_keeps_failing_ends_the_turn_as_failed_with_every_
     assert [a.status for a in attempts] == ["failed"] * len(fake.statuses) and len(attempts) >= 2
     [session] = await rows(deployment, Session, id=session_id)
     assert session.status == "idle", "a failed turn does not leave the session stuck running"
+
+
+async def test_a_provider_answering_garbage_fails_the_turn_after_its_budget_and_is_never_called_again(deployment):
+    """Replies of the wrong shape, with garbage usage: each call is one counted attempt
+    (usage as far as readable), the turn fails with the reason after the retry budget,
+    and the step is never redelivered, so the provider is never called (and billed) again."""
+    garbage = [
+        {"choices": [{"message": "I am a string"}], "usage": {"prompt_tokens": -1, "completion_tokens": "x"}},
+        {"choices": [{"message": {"content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": "post_to_sink"}]}}],
+         "usage": {"prompt_tokens": 12, "completion_tokens": 5}},
+        {"choices": [{"message": {"tool_calls": {"id": "c1"}}}],
+         "usage": {"prompt_tokens": 10**12, "completion_tokens": None}},
+    ]
+    with FakeOpenAI([FakeReply("never seen")], api_key=KEY) as fake:
+        fake.answer_next(*garbage, *garbage)  # more than the budget: a redelivery would find more
+        deployment.extra_env.update(
+            SIGNOFF_PROVIDER="openai", SIGNOFF_OPENAI_BASE_URL=fake.base_url,
+            SIGNOFF_OPENAI_MODEL="fake-gpt", SIGNOFF_OPENAI_API_KEY=KEY,
+            # A handler that fails has its step redelivered: few times, so that a
+            # failure shows quickly (as calls beyond the budget, and no turn.failed).
+            SIGNOFF_DELIVERY_LIMIT="3",
+        )
+        deployment.start()
+        session_id = mint("ses")
+        async with deployment.console() as console:
+            events = await console.watch(session_id)
+            await console.send(StartTurn(session_id=session_id, text="hello"))
+            failed = await next_event(events, "turn.failed", "turn.completed", timeout=30)
+            await asyncio.sleep(1.5)  # what a redelivery would have called by now
+            calls = len(fake.requests)
+            assert calls == 3, f"the provider was called {calls} times for one step with a budget of 3"
+            assert failed.type == "turn.failed" and failed.reason_code == "provider_failed", failed
+            assert "unusable reply" in failed.reason_text and KEY not in failed.reason_text
+            await assert_nothing_left_in_any_queue(console, deployment.namespace)
+    attempts = await rows(deployment, ProviderAttemptRow, session_id=session_id)
+    attempts.sort(key=lambda a: a.number)
+    assert [(a.number, a.status) for a in attempts] == [(1, "failed"), (2, "failed"), (3, "failed")]
+    assert [(a.input_tokens, a.output_tokens) for a in attempts] == [(0, 0), (12, 5), (2**31 - 1, 0)]
+    [session] = await rows(deployment, Session, id=session_id)
+    assert session.status == "idle"

@@ -3,6 +3,11 @@
 import logging
 import re
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from services.model_step.tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
 from shared.messages import ProposedToolCall, TranscriptCall, TranscriptEntry
 
@@ -202,3 +207,87 @@ def test_nothing_is_logged_when_no_id_is_rewritten(caplog):
         ToolCallIdNormalizer(session_id="ses_1").normalize(proposed("Bash_0", "Bash_1"))
         unique_wire_ids([asked(("call_1", "Bash_0"))], session_id="ses_1")
     assert caplog.records == []
+
+
+# --- ids at the length limit (a report with a longer one would be refused as invalid) ----------
+
+LIMIT = 256
+
+
+def test_the_limit_is_the_one_a_step_report_enforces():
+    from services.model_step.tool_call_ids import MAX_ID_LENGTH
+    from shared.messages import ModelStepCompleted, ProviderAttempt
+
+    assert MAX_ID_LENGTH == LIMIT
+
+    def report(provider_id):
+        call = ProposedToolCall.model_construct(provider_call_id=provider_id, name="Bash", arguments={})
+        message = ModelStepCompleted(session_id="ses_1", step_id="stp_1", tool_calls=[call],
+                                     attempts=[ProviderAttempt(number=1, status="completed", provider="p")])
+        return ModelStepCompleted.model_validate_json(message.model_dump_json())
+
+    report("x" * LIMIT)
+    with pytest.raises(ValidationError):
+        report("x" * (LIMIT + 1))
+
+
+def test_a_reused_id_at_the_limit_gets_its_suffix_within_the_limit_and_stays_unique():
+    at_limit = "a" * LIMIT
+    normalizer = ToolCallIdNormalizer()
+    got = reply(normalizer, at_limit, at_limit, at_limit) + reply(normalizer, at_limit)
+    assert got[0] == at_limit
+    assert got[1:] == ["a" * (LIMIT - 3) + "__2", "a" * (LIMIT - 3) + "__3", "a" * (LIMIT - 3) + "__4"]
+    assert all(len(i) <= LIMIT for i in got) and len(set(got)) == len(got)
+    # Ten and more need a longer suffix: still within the limit.
+    many = reply(ToolCallIdNormalizer(), *[at_limit] * 12)
+    assert many[-1] == "a" * (LIMIT - 4) + "__12" and len(set(many)) == 12
+    assert all(len(i) <= LIMIT for i in many)
+
+
+def test_ids_that_differ_only_past_where_the_suffix_cuts_them_still_get_unique_ids():
+    # Two ids at the limit that share all but their last characters: cut short, their
+    # suffixed forms would collide, so the smallest free n differs.
+    first, second = "b" * (LIMIT - 1) + "1", "b" * (LIMIT - 1) + "2"
+    normalizer = ToolCallIdNormalizer([first, second])
+    got = reply(normalizer, first, second, first)
+    assert got == ["b" * (LIMIT - 3) + "__2", "b" * (LIMIT - 3) + "__3", "b" * (LIMIT - 3) + "__4"]
+
+
+def test_a_suffixed_id_within_the_limit_that_the_provider_already_used_is_skipped():
+    at_limit = "c" * LIMIT
+    taken = "c" * (LIMIT - 3) + "__2"
+    assert reply(ToolCallIdNormalizer(), at_limit, taken, at_limit) == [at_limit, taken, "c" * (LIMIT - 3) + "__3"]
+
+
+def test_an_id_past_the_limit_is_cut_to_it():
+    # Stored calls have no limit of their own (a report never carries a longer one).
+    past = TranscriptCall(call_id="call_1", provider_call_id="d" * (LIMIT + 40), name="Bash", arguments={})
+    normalizer = ToolCallIdNormalizer()
+    assert ids(normalizer.normalize([past])) == ["d" * LIMIT]
+    normalizer.commit()
+    assert ids(normalizer.normalize([past])) == ["d" * (LIMIT - 3) + "__2"]
+
+
+def test_ids_at_the_limit_are_the_same_on_every_retry_of_an_attempt():
+    at_limit = "e" * LIMIT
+    normalizer = ToolCallIdNormalizer([at_limit])
+    first_try = ids(normalizer.normalize(proposed(at_limit, at_limit)))
+    normalizer.rollback()
+    retry = ids(normalizer.normalize(proposed(at_limit, at_limit)))
+    normalizer.commit()
+    assert first_try == retry == ["e" * (LIMIT - 3) + "__2", "e" * (LIMIT - 3) + "__3"]
+    # And the same stateless normalizer, built again from the stored transcript, agrees.
+    again = ToolCallIdNormalizer([at_limit])
+    assert ids(again.normalize(proposed(at_limit, at_limit))) == first_try
+
+
+@given(st.lists(st.sampled_from(["f" * LIMIT, "f" * (LIMIT - 1) + "g", "f" * (LIMIT + 5), "f" * (LIMIT - 3) + "__2",
+                                 "Bash_0", "Bash_0__2"]), max_size=12),
+       st.lists(st.sampled_from(["f" * LIMIT, "Bash_0", "f" * (LIMIT - 3) + "__3"]), max_size=4))
+def test_normalized_ids_are_always_unique_and_within_the_limit(raw, claimed):
+    normalizer = ToolCallIdNormalizer(claimed)
+    calls = [TranscriptCall(call_id=f"call_{n}", provider_call_id=r, name="Bash", arguments={})
+             for n, r in enumerate(raw)]
+    got = ids(normalizer.normalize(calls))
+    assert all(len(i) <= LIMIT for i in got)
+    assert len(set(got)) == len(got) and not set(got) & set(claimed)
