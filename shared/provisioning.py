@@ -111,6 +111,8 @@ GRANTS = {
     "publisher": (
         "SELECT, UPDATE (sent_at) ON outbox",
         "SELECT, INSERT, UPDATE ON hook_deliveries",
+        # Its leadership epoch: taken when it leads, read (FOR SHARE) by every write it makes.
+        "SELECT, UPDATE ON publisher_leader",
         "SELECT ON alembic_version",
     ),
     "tool-executor": (

@@ -3,8 +3,16 @@
 A delivery row is written in the same transaction that marks its event sent,
 so a hook only ever describes committed state. Each delivery keeps one id for
 life, sent as `Signoff-Delivery` and `Idempotency-Key`; it is retried with
-backoff until the receiver answers 2xx, across crashes and restarts.
+backoff until the receiver answers 2xx, across crashes and restarts, or until its
+retry budget is spent (`SIGNOFF_HOOK_MAX_ATTEMPTS`, or the hook's `max_attempts`).
 Signature: `Signoff-Signature: sha256=HMAC(secret, "<timestamp>.<body>")`.
+
+No hook can hold up another: each hook's due deliveries are read on their own, with
+at most `SIGNOFF_HOOK_CONCURRENCY` of them in flight, so a slow, failing or removed
+hook's backlog never fills the window another hook's deliveries wait in. A delivery
+is given up, with a machine-readable reason on its row and in an ERROR log line
+(`hook.gave_up {json}`), when its retry budget is spent (`attempts_exhausted`) or its
+hook is no longer configured (`hook_removed`, when a publisher begins to lead).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import asyncio
 import fnmatch
 import hashlib
 import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,7 +31,7 @@ from pathlib import Path
 import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from shared import faults
@@ -30,8 +39,14 @@ from shared.catalogue import resolve_secrets
 from shared.ledger.tables import TABLES, HookDelivery
 from shared.messages import EVENT_TYPES, now
 
+from .leadership import Leadership, LeadershipLost
+
 log = logging.getLogger("signoff.hooks")
 MAX_BACKOFF_SECONDS = 60.0
+# Attempts before a delivery is given up: with the backoff below, about an hour and a half.
+DEFAULT_MAX_ATTEMPTS = 100
+# Deliveries in flight at once, per hook.
+DEFAULT_CONCURRENCY = 16
 
 
 class Hook(BaseModel):
@@ -43,6 +58,8 @@ class Hook(BaseModel):
     # `${env:NAME}` keeps the secret out of the file.
     secret: str
     timeout_seconds: float = 10.0
+    # Attempts before a delivery is given up; unset: SIGNOFF_HOOK_MAX_ATTEMPTS.
+    max_attempts: int | None = Field(default=None, ge=1)
 
     @field_validator("events")
     @classmethod
@@ -82,6 +99,17 @@ def backoff(attempts: int) -> float:
     return min(MAX_BACKOFF_SECONDS, 0.2 * 2 ** max(0, attempts - 1))
 
 
+def retry_delay(attempts: int, budget: int) -> float | None:
+    """After a delivery's `attempts`-th failed attempt: the wait before the next one, or
+    None when its budget of attempts is spent and it is given up."""
+    return None if attempts >= budget else backoff(attempts)
+
+
+def alert(reason: str, **detail: object) -> None:
+    """Tell an operator that deliveries were given up: one ERROR line, its detail as JSON."""
+    log.error("hook.gave_up %s", json.dumps({"reason": reason, **detail}, sort_keys=True, default=str))
+
+
 async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
     """Add a delivery for every hook that wants each relayed event (inside the mark-sent transaction)."""
     at = now()
@@ -109,30 +137,64 @@ class HookDeliverer:
     sessions: async_sessionmaker
     hooks: list[Hook]
     http: httpx.AsyncClient
-    in_flight: set[str] = field(default_factory=set)
+    # The publisher's term as the leader (PostgreSQL): every write is fenced by its epoch.
+    leadership: Leadership | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    # Per hook: one hook's slow or failing receiver cannot take the others' turn.
+    concurrency: int = DEFAULT_CONCURRENCY
+    # Per hook, the ids of its deliveries in flight.
+    in_flight: dict[str, set[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
-    async def deliver_due(self) -> int:
-        by_name = {h.name: h for h in self.hooks}
-        query = (
-            select(HookDelivery)
-            .where(HookDelivery.delivered_at.is_(None), HookDelivery.next_attempt_at <= now())
-            .order_by(HookDelivery.created_at)
-            .limit(100)
+    async def retire_removed(self) -> None:
+        """Give up the pending deliveries of hooks no longer configured (`hook_removed`):
+        nobody will attempt them again, and an operator is told how many, per hook."""
+        pending = (
+            HookDelivery.delivered_at.is_(None),
+            HookDelivery.given_up_at.is_(None),
+            HookDelivery.hook.not_in([h.name for h in self.hooks]),
         )
-        if self.in_flight:
-            query = query.where(HookDelivery.id.not_in(self.in_flight))
+        async with self.sessions() as db, db.begin():
+            if self.leadership is not None:
+                await self.leadership.fence(db)
+            removed = (await db.execute(select(HookDelivery.hook, func.count()).where(*pending).group_by("hook"))).all()
+            if removed:
+                await db.execute(
+                    update(HookDelivery).where(*pending).values(given_up_at=now(), given_up_reason="hook_removed")
+                )
+        for hook, count in removed:
+            alert("hook_removed", hook=hook, deliveries=count)
+
+    async def deliver_due(self) -> int:
+        """Start the due deliveries of each hook, oldest due first, up to its room in flight."""
+        at = now()
+        started = 0
         async with self.sessions() as db:
-            due = (await db.scalars(query)).all()
-        for delivery in due:
-            hook = by_name.get(delivery.hook)
-            if hook is None:
-                continue  # the hook was removed from the configuration; keep the row for the record
-            self.in_flight.add(delivery.id)
-            task = asyncio.create_task(self._deliver(hook, delivery))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return len(due)
+            for hook in self.hooks:
+                busy = self.in_flight.setdefault(hook.name, set())
+                room = self.concurrency - len(busy)
+                if room <= 0:
+                    continue
+                query = (
+                    select(HookDelivery)
+                    .where(
+                        HookDelivery.hook == hook.name,
+                        HookDelivery.delivered_at.is_(None),
+                        HookDelivery.given_up_at.is_(None),
+                        HookDelivery.next_attempt_at <= at,
+                    )
+                    .order_by(HookDelivery.next_attempt_at)
+                    .limit(room)
+                )
+                if busy:
+                    query = query.where(HookDelivery.id.not_in(busy))
+                for delivery in (await db.scalars(query)).all():
+                    busy.add(delivery.id)
+                    task = asyncio.create_task(self._deliver(hook, delivery))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    started += 1
+        return started
 
     async def _deliver(self, hook: Hook, delivery: HookDelivery) -> None:
         try:
@@ -157,30 +219,72 @@ class HookDeliverer:
                 error = f"{type(failure).__name__}: {failure}"
             if error is None:
                 await faults.reached("publisher.after_hook")
+            attempts = delivery.attempts + 1
+            delay = None if error is None else retry_delay(attempts, hook.max_attempts or self.max_attempts)
+            if error is None:
+                values: dict[str, object] = {"delivered_at": now(), "attempts": attempts}
+            elif delay is None:
+                values = {
+                    "attempts": attempts,
+                    "last_error": error,
+                    "given_up_at": now(),
+                    "given_up_reason": "attempts_exhausted",
+                }
+            else:
+                values = {
+                    "attempts": attempts,
+                    "last_error": error,
+                    "next_attempt_at": now() + timedelta(seconds=delay),
+                }
             async with self.sessions() as db, db.begin():
-                attempts = delivery.attempts + 1
-                values = (
-                    {"delivered_at": now(), "attempts": attempts}
-                    if error is None
-                    else {
-                        "attempts": attempts,
-                        "last_error": error,
-                        "next_attempt_at": now() + timedelta(seconds=backoff(attempts)),
-                    }
-                )
+                if self.leadership is not None:
+                    await self.leadership.fence(db)
                 await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(**values))
-            if error:
-                log.warning("hook %s delivery %s failed (%s); retrying", hook.name, delivery.id, error)
+            if error is not None and delay is None:
+                alert(
+                    "attempts_exhausted",
+                    hook=hook.name,
+                    delivery_id=delivery.id,
+                    message_id=delivery.message_id,
+                    event_type=delivery.event_type,
+                    attempts=attempts,
+                    last_error=error,
+                )
+            elif error is not None:
+                log.warning("hook %s delivery %s failed (%s); retrying in %.1fs", hook.name, delivery.id, error, delay)
+        except LeadershipLost:
+            log.info("hook %s delivery %s not recorded: this publisher no longer leads", hook.name, delivery.id)
         except Exception:
             log.exception("hook %s delivery %s", hook.name, delivery.id)
         finally:
-            self.in_flight.discard(delivery.id)
+            self.in_flight.get(hook.name, set()).discard(delivery.id)
+
+    async def stop(self) -> None:
+        """Cancel the deliveries in flight (their rows stay due, for whoever leads next)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def deliver_hooks_forever(deliverer: HookDeliverer, pause: float = 0.05) -> None:
+    """Retire removed hooks' deliveries, then deliver what is due, until this publisher
+    no longer leads (LeadershipLost)."""
+    leadership = deliverer.leadership
+    retired = False
     while True:
+        if leadership is not None:
+            leadership.ensure()
         try:
+            if not retired:
+                await deliverer.retire_removed()
+                retired = True
+                if not deliverer.hooks:
+                    return
             await deliverer.deliver_due()
+        except LeadershipLost:
+            raise
         except Exception:
             log.exception("hook delivery loop")
+            await asyncio.sleep(1.0)  # the database away: do not log this twenty times a second
         await asyncio.sleep(pause)

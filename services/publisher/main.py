@@ -1,8 +1,10 @@
-"""publisher entrypoint: lead (or stand by), then relay the outbox and deliver hooks."""
+"""publisher entrypoint: lead (or stand by), then relay the outbox and deliver hooks;
+when it no longer leads, stop both and stand by again (services/publisher/leadership.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aio_pika
 import httpx
@@ -12,12 +14,17 @@ from shared.runtime import Unreachable, address, prepare
 from shared.settings import Settings
 
 from .hooks import HookDeliverer, deliver_hooks_forever, load_hooks
-from .leadership import lead
+from .leadership import Leadership, LeadershipLost, lead, lead_again
 from .relay import OutboxRelay
+from .settings import PublisherSettings
+
+log = logging.getLogger("signoff.publisher")
 
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "publisher")
+    # The shared settings as given, plus the publisher's own from the environment.
+    config = PublisherSettings(**settings.model_dump())
     engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
@@ -25,19 +32,34 @@ async def run(settings: Settings) -> None:
     except Exception as error:
         raise Unreachable("RabbitMQ", address(settings.rabbitmq_url), error) from None
     wake = asyncio.Event()
-    leadership = await lead(settings, wake) if settings.is_postgres else None
+    # Before serving: a standby says "standing by" and waits here; "ready" means leading.
+    leadership: Leadership | None = await lead(settings, wake) if settings.is_postgres else None
     hooks = load_hooks(settings.hooks_file)
 
     async def relay() -> None:
+        nonlocal leadership
         channel = await connection.channel(publisher_confirms=True)
-        relay = OutboxRelay(engine, channel, runtime.user, settings.publisher_batch, hooks)
-        async with httpx.AsyncClient() as http:
-            deliveries = None
-            if hooks:
-                deliveries = asyncio.create_task(
-                    deliver_hooks_forever(HookDeliverer(sessionmaker(engine), hooks, http))
+        # Room for every hook's deliveries in flight: none waits for another's connection.
+        limits = httpx.Limits(max_connections=max(1, config.hook_concurrency * len(hooks)))
+        async with httpx.AsyncClient(limits=limits) as http:
+            while True:
+                relay = OutboxRelay(engine, channel, runtime.user, settings.publisher_batch, hooks, leadership)
+                deliverer = HookDeliverer(
+                    sessionmaker(engine), hooks, http, leadership, config.hook_max_attempts, config.hook_concurrency
                 )
-            await relay.relay_forever(wake, 1.0 if leadership else settings.publisher_poll_seconds, deliveries)
+                deliveries = asyncio.create_task(deliver_hooks_forever(deliverer))
+                try:
+                    await relay.relay_forever(wake, 1.0 if leadership else settings.publisher_poll_seconds, deliveries)
+                except LeadershipLost as lost:
+                    log.warning("publisher lost the lead (%s): relaying stopped", lost)
+                finally:
+                    deliveries.cancel()
+                    await asyncio.gather(deliveries, return_exceptions=True)
+                    await deliverer.stop()
+                assert leadership is not None  # only a leader's relay loses its lead
+                await leadership.close()
+                leadership = None
+                leadership = await lead_again(settings, wake)
 
     try:
         # serve() declares the topology before the relay starts, so nothing is routed to nowhere.

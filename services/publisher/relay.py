@@ -2,7 +2,9 @@
 
 Delivery is at least once: a crash between RabbitMQ's confirm and the UPDATE
 that marks the rows sent resends them with the same message ids, and every
-consumer drops the duplicate.
+consumer drops the duplicate. On PostgreSQL the UPDATE commits only while this
+publisher still leads (its epoch, `Leadership.fence`): a deposed leader's batch
+is left unsent for its successor, which sends it again with the same ids.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from shared.ledger.tables import TABLES
 from shared.messages import now
 
 from .hooks import Hook, schedule
+from .leadership import EPOCH, Leadership, LeadershipLost
 
 log = logging.getLogger("signoff.publisher")
 
@@ -29,7 +32,15 @@ OUTBOX = TABLES["outbox"]
 # Built once: the relay runs them for every batch.
 _UNSENT = (
     select(
-        OUTBOX.c.id, OUTBOX.c.message_id, OUTBOX.c.message_type, OUTBOX.c.exchange, OUTBOX.c.routing_key, OUTBOX.c.body
+        OUTBOX.c.id,
+        OUTBOX.c.message_id,
+        OUTBOX.c.message_type,
+        OUTBOX.c.exchange,
+        OUTBOX.c.routing_key,
+        OUTBOX.c.body,
+        # The leader's epoch as this read saw it, at no extra round trip: a leader already
+        # replaced publishes nothing it read after its successor took the lead.
+        EPOCH.scalar_subquery().label("epoch"),
     )
     .where(OUTBOX.c.sent_at.is_(None))
     .order_by(OUTBOX.c.id)
@@ -50,15 +61,23 @@ class OutboxRelay:
     user_id: str
     batch_size: int = 500
     hooks: list[Hook] = field(default_factory=list)
+    # This publisher's term as the leader (PostgreSQL); None on SQLite, with its one publisher.
+    leadership: Leadership | None = None
     exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict)
 
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
+        leadership = self.leadership
         async with self.engine.connect() as conn:
             rows = (await conn.execute(_UNSENT, {"batch_size": self.batch_size})).all()
+            if leadership is not None and not rows:
+                # Idle: still the leader? (A leader whose lock connection died unnoticed learns it here.)
+                leadership.check((await conn.execute(EPOCH)).scalar())
             await conn.rollback()
         if not rows:
             return 0
+        if leadership is not None:
+            leadership.check(rows[0].epoch)
         exchanges = self.exchanges
         for name in {r.exchange for r in rows} - exchanges.keys():
             exchanges[name] = await self.channel.get_exchange(name, ensure=False)
@@ -80,20 +99,37 @@ class OutboxRelay:
             )
         )
         await faults.reached("publisher.after_send")
-        async with self.engine.begin() as conn:
-            await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
-            await schedule(conn, self.hooks, rows)
+        try:
+            async with self.engine.begin() as conn:
+                if leadership is not None:
+                    await leadership.fence(conn)
+                await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
+                await schedule(conn, self.hooks, rows)
+        except LeadershipLost:
+            log.warning(
+                "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "
+                "leader, which sends them again with the same message ids",
+                rows[0].id,
+                rows[-1].id,
+                len(rows),
+            )
+            raise
         return len(rows)
 
     async def relay_forever(
         self, wake: asyncio.Event, idle_wait: float, hook_deliveries: asyncio.Task | None = None
     ) -> None:
         """Relay batch after batch; when the outbox is drained, sleep until woken
-        (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite)."""
+        (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite).
+        Raises LeadershipLost when this publisher no longer leads."""
         while True:
             wake.clear()
+            if self.leadership is not None:
+                self.leadership.ensure()
             try:
                 sent = await self.relay_once()
+            except LeadershipLost:
+                raise
             except Exception as error:
                 # Broker or database away (a closed channel, a dropped connection):
                 # the rows stay unsent and go out, with the same ids, once it is back.

@@ -6,6 +6,8 @@
 - `execution_claims.call_id` is the primary key: one claim per call (invariant 4).
 - `approvals` has one row per request and responder, and `approvals.response_id` is
   unique: a person's approval counts once towards a request, and a response once.
+- `publisher_leader` has one row, whose `epoch` fences the publishers: every write a
+  publisher makes commits only while the epoch is the one it took when it began to lead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -149,6 +152,9 @@ class ApprovalRequest(Base):
     step_id: Mapped[str | None] = mapped_column(Id, nullable=True)
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     run_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    # When an unanswered request is announced again to its tool's escalation group, and when it was.
+    escalate_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    escalated_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class Approval(Base):
@@ -248,11 +254,20 @@ class ExecutionClaim(Base):
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+# A delivery is pending until it is delivered or given up.
+_PENDING = text("delivered_at IS NULL AND given_up_at IS NULL")
+
+
 class HookDelivery(Base):
-    """One lifecycle hook delivery: created with the event's relay, retried until a 2xx."""
+    """One lifecycle hook delivery: created with the event's relay, retried until a 2xx,
+    or given up (its hook removed, or its retry budget spent)."""
 
     __tablename__ = "hook_deliveries"
-    __table_args__ = (UniqueConstraint("hook", "message_id"), Index("ix_hook_due", "delivered_at", "next_attempt_at"))
+    __table_args__ = (
+        UniqueConstraint("hook", "message_id"),
+        # Each hook's due deliveries, read per hook: one hook's backlog never hides another's.
+        Index("ix_hook_pending", "hook", "next_attempt_at", postgresql_where=_PENDING, sqlite_where=_PENDING),
+    )
     # Stable across retries and restarts: receivers use it as their idempotency key.
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     hook: Mapped[str] = mapped_column(String(128))
@@ -264,6 +279,23 @@ class HookDelivery(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime]
+    # Never attempted again once set; the reason is machine-readable: `attempts_exhausted`
+    # (its retry budget spent) or `hook_removed` (its hook is no longer configured).
+    given_up_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    given_up_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class PublisherLeader(Base):
+    """The relay's leadership, one row (id 1). A publisher that takes the lead (holding
+    the advisory lock) adds one to `epoch`; every write it makes then checks, in its own
+    transaction, that the epoch is still its own (services/publisher/leadership.py)."""
+
+    __tablename__ = "publisher_leader"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Who leads, for operators: host and pid.
+    holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    since: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 TABLES = Base.metadata.tables
