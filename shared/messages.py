@@ -249,6 +249,18 @@ class ApprovalRequested(Envelope):
     run_id: Identifier | None = None
 
 
+class ApprovalEscalated(Envelope):
+    """Nobody decided in the tool's escalation time: the request is announced again
+    to a second group (`escalated_to`), who may now approve it as well."""
+
+    type: Literal["approval.escalated"] = "approval.escalated"
+    request_id: Identifier
+    call_id: Identifier
+    card: ApprovalCard
+    args_digest: str
+    escalated_to: list[str]
+
+
 class ApprovalExpired(Envelope):
     """Nobody decided in time: the request is closed as expired, and the model is told."""
 
@@ -333,6 +345,7 @@ Event = Annotated[
     ApprovalRequested
     | ApprovalCounted
     | ApprovalDecided
+    | ApprovalEscalated
     | ApprovalExpired
     | ToolCallClosed
     | OperatorAlerted
@@ -355,6 +368,7 @@ AnyMessage = Annotated[
     | ApprovalRequested
     | ApprovalCounted
     | ApprovalDecided
+    | ApprovalEscalated
     | ApprovalExpired
     | ToolCallClosed
     | OperatorAlerted

@@ -97,6 +97,10 @@ class RequestOnRecord:
     approved_by_responder: bool = False
     # When it closes as expired if nobody decides (None: never).
     expires_at: datetime | None = None
+    # Whether it was announced again to its tool's escalation group (who may then approve it).
+    escalated: bool = False
+    # The card it was shown with, for announcing it again.
+    card: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -331,13 +335,22 @@ class ApprovalPolicy:
 NOBODY = ApprovalPolicy(approvers=frozenset())
 
 
-def approval_policy(catalogue: ToolCatalogue, tool: str) -> ApprovalPolicy:
+def approval_policy(catalogue: ToolCatalogue, tool: str, *, escalated: bool = False) -> ApprovalPolicy:
     """The tool's declaration as the catalogue has it now (groups resolved now, so
-    a person taken out of a group can no longer approve a pending request)."""
+    a person taken out of a group can no longer approve a pending request); once a
+    request was escalated, its escalation group may approve it too."""
     spec = catalogue.get(tool)
     if spec is None:
         return NOBODY
-    return ApprovalPolicy(catalogue.approvers_of(spec), spec.starter_may_approve, spec.approvals_required)
+    approvers = catalogue.approvers_of(spec)
+    if escalated and spec.escalation is not None and approvers is not None:
+        approvers = approvers | catalogue.principals(spec.escalation.to)
+    return ApprovalPolicy(approvers, spec.starter_may_approve, spec.approvals_required)
+
+
+def escalation_time(created_at: datetime, spec: ToolSpec) -> datetime | None:
+    """When a new request is announced again if nobody decided (None: never)."""
+    return created_at + timedelta(seconds=spec.escalation.after_seconds) if spec.escalation else None
 
 
 def judge_approver(policy: ApprovalPolicy, request: RequestOnRecord, response: RespondToApproval) -> Refusal | None:

@@ -17,7 +17,9 @@ from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import ParkedMessage
 from shared.messages import (
+    ApprovalCard,
     ApprovalDecided,
+    ApprovalEscalated,
     ApprovalExpired,
     CancelTurn,
     Envelope,
@@ -197,6 +199,7 @@ async def _plan_and_record_calls(
                 cause,
                 approvals_required=plan.spec.approvals_required,
                 expires_at=domain.deadline(uow.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
+                escalate_at=domain.escalation_time(uow.now, plan.spec),
                 attempt=domain.producing_attempt(cause.attempts),
                 run_id=ledger.run_id,
             )
@@ -216,7 +219,11 @@ async def respond_to_approval(
     ) or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
     request, step = await reads.request_and_calls(uow, response.request_id, response.session_id, response.responder)
     refused = refused or domain.judge_response(request if session else None, response, at=uow.now)
-    policy = domain.approval_policy(ledger.catalogue, request.tool) if request else domain.NOBODY
+    policy = (
+        domain.approval_policy(ledger.catalogue, request.tool, escalated=request.escalated)
+        if request
+        else domain.NOBODY
+    )
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
     if refused:
         records.refusal(uow, session, response, refused)
@@ -339,12 +346,46 @@ async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bo
         return True
 
 
+async def escalate_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
+    """Announce a request nobody decided in its tool's escalation time again, to the
+    escalation group, who may approve it from now on. Once: the request row records
+    it in the same transaction. True: it was escalated now."""
+    async with ledger.unit_of_work() as uow:
+        session = await uow.lock_session(session_id)
+        request, _ = await reads.request_and_calls(uow, request_id, session_id, responder="")
+        spec = ledger.catalogue.get(request.tool) if request else None
+        if session is None or request is None or request.status != "pending" or request.escalated:
+            return False
+        if spec is None or spec.escalation is None or request.card is None:
+            return False
+        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now)
+        escalated_to = sorted(ledger.catalogue.principals(spec.escalation.to))
+        uow.emit(
+            session,
+            ApprovalEscalated(
+                session_id=session.id,
+                request_id=request.id,
+                call_id=request.call_id,
+                card=ApprovalCard.model_validate(request.card),
+                args_digest=request.args_digest,
+                escalated_to=escalated_to,
+            ),
+        )
+        await uow.commit()
+        return True
+
+
 async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
-    """Forever: close every request past its deadline. Any ledger replica may run it."""
+    """Forever: announce again every request past its escalation time, and close every
+    request past its deadline. Any ledger replica may run it."""
     while True:
         try:
             async with ledger.unit_of_work() as uow:
+                escalations = await reads.due_escalations(uow, uow.now)
                 due = await reads.due_requests(uow, uow.now)
+            for request_id, session_id in escalations:
+                if await escalate_request(ledger, request_id, session_id):
+                    log.info("request %s escalated", request_id)
             for request_id, session_id in due:
                 if await expire_request(ledger, request_id, session_id):
                     log.info("request %s expired", request_id)

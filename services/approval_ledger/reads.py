@@ -60,6 +60,16 @@ _DUE = (
     .order_by(APPROVAL_REQUESTS.c.expires_at)
     .limit(bindparam("limit"))
 )
+_DUE_ESCALATIONS = (
+    select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
+    .where(
+        APPROVAL_REQUESTS.c.status == "pending",
+        APPROVAL_REQUESTS.c.escalate_at <= bindparam("at"),
+        APPROVAL_REQUESTS.c.escalated_at.is_(None),
+    )
+    .order_by(APPROVAL_REQUESTS.c.escalate_at)
+    .limit(bindparam("limit"))
+)
 _RESPONSE_USED = union_all(
     select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")),
     select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")),
@@ -134,6 +144,8 @@ _REQUEST_AND_CALLS = (
         _request.c.response_token_hash,
         _request.c.token_used_at,
         _request.c.expires_at.label("request_expires_at"),
+        _request.c.escalated_at.label("request_escalated_at"),
+        _request.c.card.label("request_card"),
         _turn.c.started_by.label("turn_started_by"),
         _session.c.started_by.label("session_started_by"),
         select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
@@ -208,6 +220,8 @@ async def request_and_calls(
         approvals=first.approvals,
         approved_by_responder=bool(first.approved_by_responder),
         expires_at=first.request_expires_at,
+        escalated=first.request_escalated_at is not None,
+        card=first.request_card,
     )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
 
@@ -229,6 +243,11 @@ async def open_turn(uow: UnitOfWork, session_id: str) -> tuple[str | None, Step 
     step = Step(row.id, row.session_id, row.turn_id, row.status)
     rows = await uow.db.execute(_CALLS_OF_STEP, {"step_id": step.id})
     return turn_id, step, [_call(r) for r in rows]
+
+
+async def due_escalations(uow: UnitOfWork, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+    """(request id, session id) of pending requests to announce again to their escalation group."""
+    return [(r.id, r.session_id) for r in await uow.db.execute(_DUE_ESCALATIONS, {"at": at, "limit": limit})]
 
 
 async def response_used(uow: UnitOfWork, response_id: str) -> bool:

@@ -260,6 +260,7 @@ def approval_request(
     *,
     approvals_required: int,
     expires_at: datetime,
+    escalate_at: datetime | None,
     attempt: int | None,
     run_id: str,
 ) -> None:
@@ -280,6 +281,8 @@ def approval_request(
             "token_used_at": None,
             "created_at": uow.now,
             "expires_at": expires_at,
+            "escalate_at": escalate_at,
+            "escalated_at": None,
             "turn_id": call.turn_id,
             "step_id": call.step_id,
             "attempt": attempt,

@@ -1,5 +1,5 @@
 """Nothing is kept forever: sent outbox rows, inbox rows past the redelivery horizon
-and delivered hook rows are deleted after their retention, in small batches.
+and delivered or given-up hook rows are deleted after their retention, in small batches.
 
 Each batch is one statement on rows nothing will read again: a sweep killed
 half-way and run again deletes the rest, and one running on every ledger replica
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import BindParameter
 
@@ -52,11 +52,11 @@ _SWEEPS = (
         ),
     ),
     (
-        "delivered hook rows",
+        "delivered or given-up hook rows",
         delete(HOOKS).where(
             HOOKS.c.id.in_(
                 select(HOOKS.c.id)
-                .where(HOOKS.c.delivered_at.is_not(None), HOOKS.c.delivered_at < _CUT)
+                .where(or_(HOOKS.c.delivered_at < _CUT, HOOKS.c.given_up_at < _CUT))
                 .limit(_LIMIT)
                 .scalar_subquery()
             )

@@ -160,3 +160,43 @@ async def test_sent_outbox_rows_inbox_rows_and_delivered_hooks_are_deleted_after
         await console.send(StartTurn(session_id=session_id, text="again"))
         await next_event(events, "turn.completed", timeout=30)
     assert sink.counts["/sink"] == 1
+
+
+async def test_an_unanswered_request_is_escalated_once_and_the_escalation_group_may_then_approve(deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_EXPIRY_SWEEP_SECONDS="0.2")
+    deployment.start()
+    session_id = "escalated-" + mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+
+        def approval_by(who: str) -> RespondToApproval:
+            return console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                  decision="approve", args_digest=requested.args_digest,
+                                                  responder=who))
+
+        too_early = approval_by("lee")
+        await console.send(too_early)
+        assert (await next_event(events, "message.rejected")).reason_code == "not_an_approver"
+        escalated = await next_event(events, "approval.escalated", timeout=10)
+        assert (escalated.request_id, escalated.escalated_to, escalated.args_digest) == (
+            requested.request_id, ["lee"], requested.args_digest)
+        assert escalated.card == requested.card
+        # Once, also across a ledger restart.
+        deployment.kill("approval-ledger")
+        deployment.start("approval-ledger")
+        await asyncio.sleep(1.5)
+        await console.send(approval_by("lee"))
+        await next_event(events, "turn.completed", timeout=30)
+        seen = [e.type async for e in _drain(events)]
+        assert "approval.escalated" not in seen
+    [request] = await rows(deployment, ApprovalRequest, id=requested.request_id)
+    assert request.status == "approved" and request.escalated_at is not None
+    assert sink.counts["/escalated"] == 1
+
+
+async def _drain(queue):
+    from shared.messages import EVENT
+
+    await asyncio.sleep(0.3)
+    while (raw := await queue.get(no_ack=True, fail=False)) is not None:
+        yield EVENT.validate_json(raw.body)

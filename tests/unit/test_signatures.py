@@ -1,6 +1,7 @@
 """The signing scheme, as rules: canonical bytes, the ledger's keyed digest, and the
 authorization the executor checks (shared/signatures.py, shared/authorization.py)."""
 
+import base64
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -60,7 +61,9 @@ def test_a_sealed_token_opens_only_with_its_key_and_unchanged():
     token = seal(key, {"a": 1})
     assert unseal(key.public_key(), token) == {"a": 1}
     body, signature = token.split(".")
-    for bad in (f"{body}x.{signature}", f"{body}.{signature[:-2]}AA", "nonsense", ""):
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    flipped = base64.urlsafe_b64encode(bytes([raw[0] ^ 1]) + raw[1:]).rstrip(b"=").decode()
+    for bad in (f"{body}x.{signature}", f"{body}.{flipped}", "nonsense", ""):
         with pytest.raises(Unverified) as refused:
             unseal(key.public_key(), bad)
         assert refused.value.code == "bad_signature"
