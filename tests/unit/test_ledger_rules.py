@@ -575,3 +575,118 @@ def test_a_command_counts_only_from_the_broker_identity_that_may_send_it():
                                                           "ns.model-step may not send approval.respond.")
     refused = domain.refuse_sender("tool.completed", None, topology)
     assert refused.reason_text == "a sender without a user id may not send tool.completed."
+
+
+# --- lifetimes: deadlines, escalation, cancellation, parked messages -------------------
+
+from services.approval_ledger.domain import ClaimOnRecord  # noqa: E402
+from shared.messages import ProviderAttempt as Attempt  # noqa: E402
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def test_a_request_expires_after_its_tools_own_wait_or_else_the_deployments():
+    assert domain.deadline(T0, 30.0, 3600.0) == T0 + timedelta(seconds=30)
+    assert domain.deadline(T0, None, 3600.0) == T0 + timedelta(hours=1)
+
+
+def test_a_request_has_expired_from_its_deadline_on_and_never_without_one():
+    due = pending(expires_at=T0)
+    assert domain.has_expired(due, T0) and domain.has_expired(due, T0 + timedelta(seconds=1))
+    assert not domain.has_expired(due, T0 - timedelta(microseconds=1))
+    assert not domain.has_expired(pending(expires_at=None), T0)
+    assert not domain.has_expired(due, None)
+
+
+def test_an_answer_to_a_request_past_its_deadline_is_refused_as_expired_even_before_the_sweep():
+    assert domain.judge_response(pending(expires_at=T0), answer(), at=T0).reason_code == "expired"
+    assert domain.judge_response(pending(expires_at=T0, status="expired"), answer(), at=None).reason_code == "expired"
+    assert domain.judge_response(pending(expires_at=T0), answer(), at=T0 - timedelta(seconds=1)) is None
+    refused = domain.judge_response(pending(expires_at=T0, status="approved"), answer(), at=T0 + timedelta(days=1))
+    assert refused.reason_code == "already_decided", "a decided request stays decided, whatever the clock says"
+
+
+def test_an_expired_request_closes_its_call_saying_when():
+    closed = domain.closure_of_expiry(pending(expires_at=T0))
+    assert (closed.kind, closed.reason_code, closed.reason_text) == (
+        "expired", "expired", "Nobody decided in time: it expired at 2026-11-30T12:00:00+00:00.")
+
+
+def test_the_attempt_that_produced_a_steps_calls_is_its_completed_one():
+    attempts = [Attempt(number=1, status="abandoned", provider="p"), Attempt(number=2, status="failed", provider="p"),
+                Attempt(number=3, status="completed", provider="p")]
+    assert domain.producing_attempt(attempts) == 3
+    assert domain.producing_attempt(attempts[:2]) is None
+
+
+def test_a_request_is_escalated_after_its_tools_escalation_time_and_only_if_it_has_one():
+    catalogue = ToolCatalogue.model_validate({"groups": {"leads": ["lee", "lou"]}, "tools": [
+        {"name": "e", "label": "E", "approvers": ["ann"], "escalation": {"after_seconds": 90, "to": ["group:leads"]}},
+        {"name": "plain", "label": "P", "approvers": ["ann"]},
+    ]})
+    assert domain.escalation_time(T0, catalogue.get("e")) == T0 + timedelta(seconds=90)
+    assert domain.escalation_time(T0, catalogue.get("plain")) is None
+    assert domain.approval_policy(catalogue, "e").approvers == {"ann"}
+    assert domain.approval_policy(catalogue, "e", escalated=True).approvers == {"ann", "lee", "lou"}
+    assert domain.approval_policy(catalogue, "plain", escalated=True).approvers == {"ann"}
+
+
+def test_only_the_sessions_open_turn_can_be_cancelled_and_only_by_its_own_id():
+    assert domain.refuse_cancellation(None, None) == domain.NOTHING_TO_CANCEL
+    assert domain.refuse_cancellation("trn_1", None) is None
+    assert domain.refuse_cancellation("trn_1", "trn_1") is None
+    refused = domain.refuse_cancellation("trn_1", "trn_2")
+    assert (refused.reason_code, refused.reason_text) == ("unknown_turn", "Turn trn_2 is not the session's open turn.")
+
+
+def cancelled(call, claim=None, effect="outward", reason="wrong day"):
+    return domain.cancellation_closure(call, claim, effect, by="ann", reason=reason)
+
+
+def test_a_call_waiting_for_a_person_or_not_yet_taken_by_the_executor_closes_as_cancelled_with_who_and_why():
+    for call in (a_call(status="awaiting_approval"), a_call(status="executing")):
+        closed = cancelled(call)
+        assert (closed.kind, closed.reason_code, closed.reason_text) == ("cancelled", "cancelled",
+                                                                          "Cancelled by ann: wrong day")
+    assert cancelled(a_call(status="awaiting_approval"), reason="").reason_text == "Cancelled by ann."
+
+
+def test_a_finished_call_closes_with_what_it_recorded_not_as_cancelled():
+    output = cancelled(a_call(), ClaimOnRecord("finished", "output", {"output": {"ok": 1}}))
+    assert (output.kind, output.output) == ("output", {"ok": 1})
+    error = cancelled(a_call(), ClaimOnRecord("finished", "error", {"error": "boom"}))
+    assert (error.kind, error.reason_code, error.reason_text) == ("error", "tool_failed", "boom")
+    unknown = cancelled(a_call(), ClaimOnRecord("finished", "outcome_unknown", {"error": "?"}))
+    assert (unknown.kind, unknown.reason_code) == ("outcome_unknown", "outcome_unknown")
+    assert domain.needs_operator(unknown)
+
+
+def test_a_running_outward_call_may_or_may_not_have_happened_but_a_running_read_is_simply_cancelled():
+    running = ClaimOnRecord("claimed")
+    outward = cancelled(a_call(), running, "outward")
+    assert (outward.kind, outward.reason_code, outward.reason_text) == (
+        "outcome_unknown", "outcome_unknown", "Cancelled by ann: wrong day It was running; whether it happened is unknown.")
+    for effect in ("read", "idempotent"):
+        assert cancelled(a_call(), running, effect).kind == "cancelled"
+
+
+def test_only_a_parked_message_the_open_turn_waits_on_fails_it():
+    requested = Step("step_1", "s1", "turn_1", "requested")
+    completed = Step("step_1", "s1", "turn_1", "completed")
+    executing, closed = a_call(1, status="executing"), a_call(2, status="closed")
+    for kind in ("step.requested", "step.completed"):
+        assert domain.stalls_the_turn(kind, {"step_id": "step_1"}, requested, [])
+        assert not domain.stalls_the_turn(kind, {"step_id": "step_0"}, requested, [])
+        assert not domain.stalls_the_turn(kind, {"step_id": "step_1"}, completed, [])
+        assert not domain.stalls_the_turn(kind, {"step_id": "step_1"}, None, [])
+    for kind in ("tool.execute", "tool.completed"):
+        assert domain.stalls_the_turn(kind, {"call_id": "call_1"}, completed, [executing, closed])
+        assert not domain.stalls_the_turn(kind, {"call_id": "call_2"}, completed, [executing, closed])
+        assert not domain.stalls_the_turn(kind, {}, completed, [executing])
+    for kind in ("approval.respond", "turn.start", "?"):
+        assert not domain.stalls_the_turn(kind, {"step_id": "step_1", "call_id": "call_1"}, requested, [executing])
+
+
+def test_a_session_id_from_a_parked_body_is_used_only_if_it_is_an_identifier():
+    assert domain.is_identifier("ses_abc-1") and not domain.is_identifier("?")
+    assert not domain.is_identifier("") and not domain.is_identifier("x" * 65) and not domain.is_identifier("a b")
