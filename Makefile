@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation
+.PHONY: run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ chaos: $(STAMP)
 
 revert-checks: $(STAMP)
 	$(BIN)/python -m tests.revert_checks
+
+# Fuzz every consumer (tests/integration/test_fuzz.py): SIGNOFF_FUZZ_MESSAGES random and
+# mutated messages per store, SQLite then PostgreSQL, beside real sessions, then the
+# minimal cases of the bugs it found. `make test` runs the same test with 400 messages.
+# Smaller: `make fuzz SIGNOFF_FUZZ_MESSAGES=5000`.
+SIGNOFF_FUZZ_MESSAGES ?= 100000
+fuzz: $(STAMP)
+	SIGNOFF_FUZZ_MESSAGES=$(SIGNOFF_FUZZ_MESSAGES) $(BIN)/python -m pytest -q -s -o timeout=0 -rxX tests/integration/test_fuzz.py
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)

@@ -76,7 +76,8 @@ def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None
 def _envelope(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # A body nested past what the json module takes was rightly parked as invalid.
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -12,11 +12,17 @@ import secrets
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 SCHEMA_VERSION: Literal[1] = 1
 Identifier = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 ShortText = Annotated[str, Field(max_length=4000)]
+# What a person wrote, as a channel relays it: bounded, and without NUL, which
+# PostgreSQL's text refuses (the response would fail on every delivery instead of
+# being answered).
+PersonText = Annotated[str, Field(max_length=4000, pattern=r"^[^\x00]*$")]
+# A tool's or a provider's name, as the catalogue and the settings allow them.
+Name = Annotated[str, Field(max_length=256, pattern=r"^[^\x00]*$")]
 # How a tool call ended, as its executor knows it.
 Outcome = Literal["output", "error", "outcome_unknown"]
 
@@ -143,11 +149,12 @@ class RespondToApproval(Envelope):
     request_id: Identifier
     decision: Literal["approve", "deny"]
     args_digest: str = Field(max_length=100)
-    reason: ShortText = ""
-    message: ShortText = ""
-    responder: str = Field(default="unknown", max_length=256)
+    reason: PersonText = ""
+    message: PersonText = ""
+    responder: str = Field(default="unknown", max_length=256, pattern=r"^[^\x00]*$")
     response_id: Identifier = Field(default_factory=lambda: mint("rsp"))
-    issued_at: datetime = Field(default_factory=now)
+    # With its time zone: a time without one cannot be compared with the ledger's clock.
+    issued_at: AwareDatetime = Field(default_factory=now)
     # The registered channel whose key signed it, and the signature.
     key_id: str | None = Field(default=None, max_length=64)
     signature: str | None = Field(default=None, max_length=200)
@@ -178,7 +185,7 @@ class RespondToApproval(Envelope):
 class RequestModelStep(Envelope):
     type: Literal["step.requested"] = "step.requested"
     step_id: Identifier
-    provider: str
+    provider: str = Field(max_length=64, pattern=r"^[a-z0-9_-]+$")
     transcript: list[TranscriptEntry]
     tools: list[ToolDescription]
 
@@ -186,7 +193,7 @@ class RequestModelStep(Envelope):
 class ExecuteTool(Envelope):
     type: Literal["tool.execute"] = "tool.execute"
     call_id: Identifier
-    tool: str
+    tool: Name
     arguments: dict[str, Any]
     idempotency_key: Identifier
     # The ledger's sealed authorization (shared/signatures.py): call, tool, arguments,
@@ -199,7 +206,7 @@ class RefuseExecution(Envelope):
     or expired authorization): the ledger tells an operator."""
 
     type: Literal["execution.refused"] = "execution.refused"
-    call_id: str = Field(max_length=256)
+    call_id: Identifier
     tool: str = Field(max_length=256)
     reason_code: str = Field(max_length=64)
     reason_text: ShortText
