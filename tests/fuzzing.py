@@ -38,7 +38,7 @@ one answer must show.
 Garbage that would legitimately change state is not sent: a valid `turn.start` from
 a channel (it would open a session) is broken on purpose (schema version 2) unless it
 reuses a committed real id, and so is a valid `turn.cancel` from a channel naming the
-real session. Inputs that trigger a known bug are steered clear of (`KNOWN_BUGS`).
+real session.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from shared.messages import (
     ToolExecuted,
     mint,
 )
-from shared.topology import COMMAND_TYPES, LEDGER_QUEUES, SENDER_EXCHANGES, SENDERS
+from shared.topology import COMMAND_TYPES, LEDGER_QUEUES, SENDER_EXCHANGES, SENDERS, Topology
 
 QUEUE_MODELS: dict[str, type] = {
     "turn.start": StartTurn,
@@ -93,6 +93,7 @@ ADAPTERS = {kind: TypeAdapter(model) for kind, model in QUEUE_MODELS.items()}
 QUEUES = tuple(QUEUE_MODELS)
 # Messages per hypothesis example: about what one example's choice buffer (8 kB) holds.
 BATCH = 40
+# Who parks what (the dead letter's x-signoff-consumer).
 CONSUMERS = {**{kind: "approval-ledger" for kind in LEDGER_QUEUES}, "step.requested": "model-step",
              "tool.execute": "tool-executor"}
 # The codes the executor parks a `tool.execute` under when it refuses to run it.
@@ -201,7 +202,8 @@ BODIES: dict[str, st.SearchStrategy[dict]] = {
          "reason_code": st.one_of(st.sampled_from(sorted(REFUSAL_CODES)), TEXT), "reason_text": TEXT}),
     "step.requested": st.fixed_dictionaries(
         {"step_id": st.one_of(_minted("stp"), GOOD_ID),
-         "provider": st.one_of(st.sampled_from(["scripted", "openai", "anthropic", "nope", ""]), TEXT),
+         "provider": st.one_of(st.sampled_from(["scripted", "openai", "anthropic", "nope", "scripted"]),
+                               st.sampled_from(["", "Scripted", "a" * 65]), TEXT),
          "transcript": st.lists(_TRANSCRIPT_ENTRY, max_size=3),
          "tools": st.lists(st.fixed_dictionaries({"name": TEXT, "description": TEXT, "parameters": JSON_OBJECT}),
                            max_size=2)}),
@@ -411,72 +413,6 @@ class Context:
     real_response_id: str
     sign: Callable[[RespondToApproval], RespondToApproval]
     namespace: str
-    store: str = "sqlite"
-
-
-# Bugs the fuzzer found, each kept as a minimal xfail(strict=True) case in
-# tests/integration/test_fuzz.py. While one is open, `_steer` keeps the generator off
-# the inputs that trigger it (each would cost ~10 s of redeliveries or fail the run),
-# saying so in the message's `forced`; remove its steering once its xfail passes.
-KNOWN_BUGS = {
-    "refusal_call_id": "an execution.refused whose call_id is no identifier (RefuseExecution.call_id is any "
-                       "string up to 256 characters, OperatorAlerted.call_id an identifier): the ledger's handler "
-                       "raises ValidationError on every delivery; parked as delivery_limit, no operator alerted",
-    "refusal_tool_name": "a tool.execute without the ledger's authorization naming a tool of more than 256 "
-                         "characters (ExecuteTool.tool is unbounded, RefuseExecution.tool at most 256): the executor "
-                         "cannot build its refusal report, ValidationError on every delivery; parked as "
-                         "delivery_limit, the ledger never told, no operator alerted",
-    "step_provider_name": "a step.requested naming a provider of more than ~3,970 characters: the model-step's "
-                          "report of the unknown provider quotes the name in ProviderAttempt.error (at most 4,000 "
-                          "characters), raises ValidationError on every delivery; parked as delivery_limit, no "
-                          "report, so a session waiting on it would fail as message_parked instead of being told",
-    "nul_responder": "on PostgreSQL, an approval.respond whose responder contains U+0000 (even an unsigned one): "
-                     "the ledger reads the request with the responder as a query parameter, PostgreSQL refuses "
-                     "the NUL (DBAPIError: invalid byte sequence for encoding \"UTF8\": 0x00) on every delivery; "
-                     "parked as delivery_limit instead of rejected as unsigned",
-    "naive_issued_at": "an approval.respond signed by a registered channel whose issued_at has no time zone "
-                       "(e.g. 2030-01-01T00:00:00, which the schema accepts): the ledger compares it with its "
-                       "aware clock, TypeError on every delivery; parked as delivery_limit instead of answered",
-    "deep_nesting": "a body nested deeper than Python's json module takes (~1,000 levels) is rightly parked as "
-                    "invalid, but describing the parked message (shared/dead_letters.py, _envelope) raises "
-                    "RecursionError: the ledger fails on its parked copy 20 times, `signoff dead-letters` crashes",
-}
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Safely below the json module's recursion limit (bug "deep_nesting").
-_NESTING_STEERED = 400
-
-
-def _steer(queue: str, body: bytes, prediction: Prediction, plan: Plan, store: str) -> tuple[bytes, str]:
-    """The body with known bugs' triggers taken out, and which bugs; else as it was.
-    SIGNOFF_FUZZ_KNOWN_BUGS=1 turns the steering off (to see whether they are fixed)."""
-    if os.environ.get("SIGNOFF_FUZZ_KNOWN_BUGS") == "1":
-        return body, ""
-    if plan.encoding[0] == "nested" and plan.encoding[1] > _NESTING_STEERED:
-        depth = plan.encoding[1]
-        return body.replace(b"[" * depth + b"]" * depth, b"[" * _NESTING_STEERED + b"]" * _NESTING_STEERED), \
-            "deep_nesting"
-    if prediction.kind not in ("ledger", "execute", "step"):
-        return body, ""
-    message, steered = json.loads(body), []
-    if queue == "approval.respond":
-        response = RespondToApproval.model_validate_json(body)
-        if response.signature and response.key_id == "cli" and response.issued_at.tzinfo is None:
-            # With its zone added the signature no longer holds: refused as bad_signature.
-            message["issued_at"] = response.issued_at.replace(tzinfo=UTC).isoformat()
-            steered.append("naive_issued_at")
-        if "\x00" in response.responder and store == "postgres":
-            message["responder"] = response.responder.replace("\x00", "0")
-            steered.append("nul_responder")
-    elif queue == "execution.refused" and not _IDENTIFIER.match(prediction.call_id):
-        message["call_id"] = "call_steered"
-        steered.append("refusal_call_id")
-    elif queue == "tool.execute" and len(message["tool"]) > 256:
-        message["tool"] = message["tool"][:256]
-        steered.append("refusal_tool_name")
-    elif queue == "step.requested" and len(message["provider"]) > 1000:
-        message["provider"] = "nope"
-        steered.append("step_provider_name")
-    return (_dumps(message), "+".join(steered)) if steered else (body, "")
 
 
 def _part(index: int, size: int) -> int:
@@ -584,14 +520,12 @@ def materialize(plans_: list[Plan], ctx: Context) -> list[Fuzzed]:
                 message = json.loads(ctx.sign(response.model_copy(update={"key_id": "cli"})).model_dump_json())
         body = _encode(message, plan.encoding, ctx.max_bytes)
         prediction = predict(plan.queue, body, ctx.max_bytes, real_ids)
-        body, forced = _steer(plan.queue, body, prediction, plan, ctx.store)
-        if forced:
-            prediction = predict(plan.queue, body, ctx.max_bytes, real_ids)
+        forced = ""
         if prediction.kind == "ledger" and plan.sender == "own" and (
             plan.queue == "turn.start" or (plan.queue == "turn.cancel" and prediction.session_id == ctx.real_session)
         ):
             # It would legitimately open a session, or cancel the real turn: not garbage.
-            forced = (forced + "+" if forced else "") + "schema_version 2"
+            forced = "schema_version 2"
             message = {**json.loads(body), "schema_version": 2}
             body = _dumps(message)
             prediction = predict(plan.queue, body, ctx.max_bytes, real_ids)
@@ -687,6 +621,7 @@ class FuzzRun:
             run.exchanges[identity] = (await console.channel.get_exchange(name, ensure=False), console.user)
         admin = await aio_pika.connect(RABBITMQ_URL)
         stack.push_async_callback(admin.close)
+        run.admin_connection = admin
         run.admin = (await admin.channel(publisher_confirms=True), urlsplit(RABBITMQ_URL).username or "guest")
         events = await run.console.watch("*")
         await events.consume(run._on_event, no_ack=True)
@@ -784,7 +719,7 @@ class FuzzRun:
         response_id = mint("msg")
         ctx = Context(batch=self.batches, size=len(drawn), max_bytes=self.max_bytes, real_session=session_id,
                       real_start_id=start.message_id, real_response_id=response_id, sign=self.console.sign,
-                      namespace=self.namespace, store=self.deployment.store)
+                      namespace=self.namespace)
         items = materialize(drawn, ctx)
         self.items += items
         parts = [[item for item in items if item.part == n] for n in range(4)]
@@ -817,8 +752,8 @@ class FuzzRun:
         per_batch = sorted(self.timings)
         return (f"{self.published} messages ({sum(i.size for i in self.items) / 1e6:.1f} MB, "
                 f"{dict(sorted(Counter(i.queue for i in self.items).items()))}) in {self.batches} batches beside "
-                f"{len(self.real_sessions)} real sessions; predicted {dict(sorted(kinds.items()))}; changed on "
-                f"purpose {dict(Counter(f for i in self.items for f in i.forced.split('+') if f))}; per batch "
+                f"{len(self.real_sessions)} real sessions; predicted {dict(sorted(kinds.items()))}; broken on "
+                f"purpose {dict(Counter(i.forced for i in self.items if i.forced))}; per batch "
                 f"median {per_batch[len(per_batch) // 2]:.2f} s, max {per_batch[-1]:.2f} s; "
                 f"handler failures logged: {self.failures_in_logs() or 'none'}")
 
@@ -866,7 +801,8 @@ class FuzzRun:
             if item.amqp_id in expected.dead:
                 want = expected.dead[item.amqp_id]
                 reasons = [reason for reason, _ in got]
-                ok = len(got) == 1 and (reasons[0] in REFUSAL_CODES if want == "refused" else reasons[0] == want)
+                ok = len(got) == 1 and (reasons[0] in REFUSAL_CODES if want == "refused" else reasons[0] == want) \
+                    and got[0][1] == CONSUMERS[item.queue]  # parked by the queue's own consumer
                 if not ok:
                     violations.append(f"dead letters {got} (expected one {want}) for {item.describe()}")
             elif got:
@@ -912,15 +848,33 @@ class FuzzRun:
             raise AssertionError(f"{len(violations)} violation(s):\n  " + "\n  ".join(violations[:30])
                                  + "\n" + self.logs())
 
+    async def queues_left(self, timeout: float) -> dict[str, int]:
+        """Messages ready in the deployment's queues, waiting up to `timeout` for them to
+        drain. Looked at through a new plain channel each time: a robust channel (a
+        Console's, as tests/invariants.py's `queues_left` uses) answers a passive
+        re-declaration from its cache, with the counts of its first look."""
+        deadline = time.monotonic() + timeout
+        while True:
+            channel = await self.admin_connection.channel()
+            try:
+                counts = {}
+                for name in Topology(self.namespace).all_queue_names():
+                    queue = await channel.declare_queue(name, passive=True)
+                    if queue.declaration_result.message_count:
+                        counts[name] = queue.declaration_result.message_count
+            finally:
+                await channel.close()
+            if not counts or time.monotonic() > deadline:
+                return counts
+            await asyncio.sleep(0.1)
+
     async def check_state(self) -> None:
         """The services are alive, every queue drained, and the ledger holds the real sessions' state only."""
-        from tests.invariants import queues_left
-
         violations = []
         for name, process in self.deployment.processes.items():
             if process.poll() is not None:
                 violations.append(f"{name} exited with {process.poll()}")
-        left = await queues_left(self.console, self.namespace, timeout=15)
+        left = await self.queues_left(timeout=15)
         violations += [f"{name} still holds {count} message(s)" for name, count in left.items()]
         real = set(self.real_sessions)
         async with self.console.sessions() as db:

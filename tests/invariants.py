@@ -66,11 +66,14 @@ async def queues_left(console, namespace: str, timeout: float = 0.0) -> dict[str
     queue; waits up to `timeout` for them to drain (0: look once)."""
 
     async def left() -> dict[str, int]:
+        # On the underlying channel: aio-pika answers a repeated passive declare on a
+        # robust channel from its cache, so the counts would never change between looks.
+        channel = await console.channel.get_underlay_channel()
         counts = {}
         for name in Topology(namespace).all_queue_names():
-            queue = await console.channel.declare_queue(name, passive=True)
-            if queue.declaration_result.message_count:
-                counts[name] = queue.declaration_result.message_count
+            declared = await channel.queue_declare(name, passive=True)
+            if declared.message_count:
+                counts[name] = declared.message_count
         return counts
 
     deadline = time.monotonic() + timeout

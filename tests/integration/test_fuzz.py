@@ -28,11 +28,12 @@ offending messages and the services' failure log lines.
 The default run is 400 messages (10 batches) per store; SIGNOFF_FUZZ_MESSAGES sets
 the count (`make fuzz`: 100,000).
 
-Bugs the fuzzer found are kept below as minimal cases marked xfail(strict=True),
-and the generator steers clear of them (`tests/fuzzing.py`, `KNOWN_BUGS`, `_steer`;
-the summary counts what it changed) so that the run keeps looking for others; when
-one is fixed its xfail passes, fails the suite, and its steering is to be removed.
-SIGNOFF_FUZZ_KNOWN_BUGS=1 turns the steering off.
+The bugs the fuzzer found (six messages that failed on every delivery, or whose
+parked copy did, instead of being answered) are fixed, each pinned below by its
+minimal message. The generator draws such messages as before: five are now parked
+as `invalid` at once, and the deeply nested one (always parked as invalid) no longer
+breaks its parked copy's description. A new bug is kept here as a minimal
+xfail(strict=True) case until it is fixed.
 """
 
 import asyncio
@@ -84,8 +85,8 @@ def test_fuzzed_messages_to_every_queue_are_answered_crash_nothing_and_change_no
 
 
 # --- bugs the fuzzer found, now fixed: each is answered at once ---------------------------
-# (The generator still steers clear of them, tests/fuzzing.py KNOWN_BUGS, because its
-# predictions of each message's answer were written around them; these cases pin the fixes.)
+# (The fuzz run draws such messages too: its oracle reads validity from the same models,
+# so it now expects each to be parked as invalid; these cases pin the fixes.)
 
 FOUND = {
     # bug: the ledger's handler raised on every delivery (an alert's call_id must be an identifier)
