@@ -348,7 +348,8 @@ class MessageRejected(Envelope):
 
 LEDGER_INPUTS = (StartTurn, CancelTurn, RespondToApproval, ModelStepCompleted, ToolExecuted, RefuseExecution)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
-Event = Annotated[
+# Every event, written once: `Event` validates any of them, `AnyMessage` any message.
+Events = (
     ApprovalRequested
     | ApprovalCounted
     | ApprovalDecided
@@ -359,9 +360,9 @@ Event = Annotated[
     | TurnCompleted
     | TurnFailed
     | TurnCancelled
-    | MessageRejected,
-    Field(discriminator="type"),
-]
+    | MessageRejected
+)
+Event = Annotated[Events, Field(discriminator="type")]
 EVENTS: tuple[type[Envelope], ...] = get_args(get_args(Event)[0])
 AnyMessage = Annotated[
     StartTurn
@@ -372,17 +373,7 @@ AnyMessage = Annotated[
     | RefuseExecution
     | RequestModelStep
     | ExecuteTool
-    | ApprovalRequested
-    | ApprovalCounted
-    | ApprovalDecided
-    | ApprovalEscalated
-    | ApprovalExpired
-    | ToolCallClosed
-    | OperatorAlerted
-    | TurnCompleted
-    | TurnFailed
-    | TurnCancelled
-    | MessageRejected,
+    | Events,
     Field(discriminator="type"),
 ]
 ANY_MESSAGE: TypeAdapter[Any] = TypeAdapter(AnyMessage)

@@ -376,6 +376,13 @@ async def next_event(queue: aio_pika.abc.AbstractQueue, *types: str, timeout: fl
     raise AssertionError(f"no {' or '.join(types) or 'event'} within {timeout}s")
 
 
+async def drain_events(queue: aio_pika.abc.AbstractQueue, settle: float = 0.3):
+    """Every event left on a watch queue, after letting late ones arrive for `settle` seconds."""
+    await asyncio.sleep(settle)
+    while (raw := await queue.get(no_ack=True, fail=False)) is not None:
+        yield EVENT.validate_json(raw.body)
+
+
 async def eventually(check, timeout: float = 20.0, interval: float = 0.05):
     """Poll an async check until it returns something truthy."""
     deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ import json
 from shared.ledger.tables import ApprovalRequest, Closure, ExecutionClaim, InboxRow, ProviderAttemptRow
 from shared.messages import StartTurn, mint
 from tests.harness import (
+    drain_events,
     assert_nothing_left_in_any_queue,
     eventually,
     next_event,
@@ -90,7 +91,7 @@ async def test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mi
         deployment.start("approval-ledger")
         requested = await next_event(events, "approval.requested")
         await finish(console, events, requested)
-        seen = [e async for e in _drain(events) if e.type == "approval.requested"]
+        seen = [e async for e in drain_events(events) if e.type == "approval.requested"]
         assert seen == [], "no other approval request was ever shown"
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
 
@@ -270,17 +271,9 @@ async def test_redis_flushed_at_every_step_changes_nothing_but_speed(deployment,
         deployment.start("approval-ledger")
         await next_event(events, "turn.completed", timeout=30)
         await deployment.forget_redis()
-        stray = [e async for e in _drain(events) if e.type in ("message.rejected", "approval.decided")]
+        stray = [e async for e in drain_events(events) if e.type in ("message.rejected", "approval.decided")]
         assert stray == [], "the redelivered response was a silent no-op (inbox), not applied or judged again"
     await assert_one_request_and_one_run(deployment, sink, session_id, requested)
-
-
-async def _drain(queue):
-    from shared.messages import EVENT
-
-    await asyncio.sleep(0.3)
-    while (raw := await queue.get(no_ack=True, fail=False)) is not None:
-        yield EVENT.validate_json(raw.body)
 
 
 async def test_an_expiry_sweep_killed_half_way_closes_each_request_once_after_the_restart(deployment, sink):
@@ -297,7 +290,7 @@ async def test_an_expiry_sweep_killed_half_way_closes_each_request_once_after_th
         for events, _ in watched:
             while (event := await next_event(events, timeout=30)).type != "turn.completed":
                 seen.append(event.type)
-            seen += [e.type async for e in _drain(events)]
+            seen += [e.type async for e in drain_events(events)]
         await assert_nothing_left_in_any_queue(console, deployment.namespace)
     for session_id, (_, requested) in zip(sessions, watched, strict=True):
         [closure] = await rows(deployment, Closure, call_id=requested.call_id)

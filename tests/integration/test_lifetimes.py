@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from shared.ledger.tables import ApprovalRequest, Closure, Session, TranscriptRow
 from shared.messages import CancelTurn, RespondToApproval, StartTurn, mint
-from tests.harness import SERVICES, next_event, rows, start_and_wait_for_approval
+from tests.harness import SERVICES, drain_events, next_event, rows, start_and_wait_for_approval
 from tests.integration.test_command_line import signoff
 
 
@@ -187,16 +187,8 @@ async def test_an_unanswered_request_is_escalated_once_and_the_escalation_group_
         await asyncio.sleep(1.5)
         await console.send(approval_by("lee"))
         await next_event(events, "turn.completed", timeout=30)
-        seen = [e.type async for e in _drain(events)]
+        seen = [e.type async for e in drain_events(events)]
         assert "approval.escalated" not in seen
     [request] = await rows(deployment, ApprovalRequest, id=requested.request_id)
     assert request.status == "approved" and request.escalated_at is not None
     assert sink.counts["/escalated"] == 1
-
-
-async def _drain(queue):
-    from shared.messages import EVENT
-
-    await asyncio.sleep(0.3)
-    while (raw := await queue.get(no_ack=True, fail=False)) is not None:
-        yield EVENT.validate_json(raw.body)
