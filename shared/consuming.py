@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitMessage
 from pydantic import TypeAdapter, ValidationError
 
+from shared import logs
 from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
 from shared.messages import Envelope, encode, now
 from shared.topology import COMMAND_TYPES, Topology
@@ -76,14 +77,18 @@ class Inbound:
         handle: Callable[[Any], Awaitable[None]],
     ) -> None:
         body: bytes = raw.body
+        # Each line logged from here on names the message (shared/logs.py): its id until it is read.
+        logs.concerning(message_id=raw.message_id)
         if len(body) > self.max_bytes:
             await self.dead_letter(raw, "oversized", f"{len(body)} bytes; the limit is {self.max_bytes}")
             return
         try:
             message = adapter.validate_json(body)
         except ValidationError as error:
+            logs.concerning_unread(raw.message_id, body)
             await self.dead_letter(raw, "invalid", _describe(error))
             return
+        logs.concerning(message)
         if await self._already_handled(message.message_id):
             await raw.ack()
             return

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
@@ -18,7 +17,7 @@ from faststream.rabbit import RabbitBroker, RabbitMessage
 from faststream.rabbit.schemas import Channel
 from pydantic import TypeAdapter
 
-from shared import faults
+from shared import faults, logs
 from shared.consuming import Inbound
 from shared.dead_letters import ParkedMessage, describe
 from shared.settings import Settings
@@ -60,11 +59,8 @@ def check_reachable(
             raise Unreachable(service, f"{host}:{port}", error) from None
 
 
-def configure_logging(name: str) -> None:
-    logging.basicConfig(
-        level=os.environ.get("SIGNOFF_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
+def configure_logging(settings: Settings, name: str) -> None:
+    logs.configure(name, settings.log_format)
 
 
 class Runtime:
@@ -80,6 +76,8 @@ class Runtime:
             self.amqp_url,
             default_channel=Channel(prefetch_count=settings.prefetch),
             log_level=logging.DEBUG,
+            # Ours, not FastStream's own (which prints plain text to stdout): its lines are JSON like the rest.
+            logger=logging.getLogger("signoff.broker"),
             graceful_timeout=10,
         )
         self._redis: Redis | None = None
@@ -138,6 +136,7 @@ class Runtime:
             self.topology.parked_queue, self.topology.dead, ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
         )
         async def entrypoint(message) -> None:
+            logs.concerning(message_id=message.message_id)
             try:
                 await handle(describe(message.message_id, message.body, message.headers))
             except Exception:
@@ -180,7 +179,7 @@ async def _the_message_itself(message: RabbitMessage) -> RabbitMessage:
 
 
 def prepare(settings: Settings, name: str) -> Runtime:
-    configure_logging(name)
+    configure_logging(settings, name)
     faults.arm(settings.faults, settings.data_dir)
     check_reachable(settings)
     return Runtime(settings, name)

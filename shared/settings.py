@@ -7,6 +7,7 @@ Settings object at start-up, never at import time.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import field_validator
@@ -37,6 +38,8 @@ class Settings(BaseSettings):
     # Lifecycle hooks (webhooks); none when unset. See deploy/hooks.example.yaml.
     hooks_file: Path | None = None
 
+    # Log lines: `json` (one object a line), `text`, or `auto`: text on a terminal, JSON otherwise.
+    log_format: Literal["auto", "json", "text"] = "auto"
     max_message_bytes: int = 256 * 1024
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
     # that keeps failing would loop forever without one.

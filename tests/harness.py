@@ -52,6 +52,15 @@ POSTGRES_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgre
 SERVICES = tuple(SERVICE_MODULES)
 
 
+def log_records(path: Path) -> list[dict[str, Any]]:
+    """A service log's lines as the JSON objects they are (shared/logs.py), each
+    start's `--- start` marker (the harness's own) left out."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(errors="replace").splitlines()
+            if line.strip() and not line.startswith("--- start ")]
+
+
 class ServiceUnreachable(AssertionError):
     """A test needs a service it cannot reach: fail loudly, never skip."""
 

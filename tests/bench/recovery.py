@@ -5,6 +5,7 @@ those calls executed and closed is taken, three ways (warm, cold, failover)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import uuid
@@ -80,7 +81,8 @@ async def recovery_try(ctx: Context, sessions: int, mode: str) -> dict[str, Any]
 def ready_time(deployment: Deployment, service: str) -> float:
     """When the service logged `<service> ready` in its latest start (log clock, ms)."""
     text = deployment.log_path(service).read_text(errors="replace").split("--- start ")[-1]
-    for line in text.splitlines():
-        if f"{service} ready" in line:
-            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    for line in text.splitlines()[1:]:
+        record = json.loads(line)
+        if record["message"].startswith(f"{service} ready"):
+            return datetime.fromisoformat(record["time"]).timestamp()
     return math.nan

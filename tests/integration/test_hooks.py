@@ -18,7 +18,7 @@ from shared.ledger.database import migrate, notify_channel
 from shared.ledger.tables import HookDelivery
 from shared.messages import TurnCompleted, mint, now
 from shared.topology import Topology
-from tests.harness import eventually, rows
+from tests.harness import eventually, log_records, rows
 from tests.sink import Sink
 
 
@@ -56,9 +56,9 @@ async def commit_event(deployment) -> TurnCompleted:
 
 def gave_up(deployment) -> list[dict]:
     """The publisher's `hook.gave_up` errors, as an operator's log search reads them."""
-    lines = deployment.log_path("publisher").read_text().splitlines()
-    return [json.loads(line.split("hook.gave_up ", 1)[1]) for line in lines if " ERROR " in line and
-            "hook.gave_up " in line]
+    return [json.loads(line["message"].split("hook.gave_up ", 1)[1]) for line in
+            log_records(deployment.log_path("publisher")) if line["level"] == "ERROR" and
+            line["message"].startswith("hook.gave_up ")]
 
 
 @contextmanager

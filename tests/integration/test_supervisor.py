@@ -4,7 +4,6 @@ applied once (invariant 9); Ctrl-C stops every service."""
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,14 +13,13 @@ import time
 
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
-from tests.harness import SERVICES, next_event, start_and_wait_for_approval
+from tests.harness import SERVICES, log_records, next_event, start_and_wait_for_approval
 
 
 def ready_pids(log_dir, service):
     """The pids that logged `<service> ready`, in order."""
-    path = log_dir / f"{service}.log"
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return [int(pid) for pid in re.findall(rf"{service}\[(\d+)\] INFO signoff: {service} ready", text)]
+    return [line["pid"] for line in log_records(log_dir / f"{service}.log")
+            if line["service"] == service and line["message"].startswith(f"{service} ready")]
 
 
 def wait_until(check, timeout=60.0, what="it"):
