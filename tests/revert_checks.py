@@ -139,6 +139,10 @@ MUTATIONS = [
    "        await self.db.rollback()\n        await self.db.close()",
    "        await self.db.commit()\n        await self.db.close()",
    "tests/integration/test_publisher.py::test_the_publisher_sends_nothing_that_was_not_committed"),
+  ("log lines about a handled message do not name it (no context set at the consumer boundary)", "shared/consuming.py",
+   "        logs.concerning(message)\n",
+   "",
+   "tests/integration/test_structured_logs.py"),
 ]
 
 

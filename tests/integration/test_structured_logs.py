@@ -1,0 +1,56 @@
+"""Structured logs on the real services (shared/logs.py): every line a service
+writes to its log is a JSON object naming the service, and every line about a
+message names the message and its session, so one filter follows a session."""
+
+import aio_pika
+
+from shared.messages import RespondToApproval, mint
+from tests.harness import SERVICES, eventually, log_records, next_event, start_and_wait_for_approval
+
+
+async def test_every_log_line_is_json_naming_its_service_and_every_message_line_names_the_message(
+    sqlite_deployment, sink
+):
+    deployment = sqlite_deployment
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        bogus = console.sign(RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="approve",
+                                               args_digest=requested.args_digest))
+        await console.send(bogus)
+        assert (await next_event(events, "message.rejected")).rejected_message_id == bogus.message_id
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed")
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
+        await exchange.publish(
+            aio_pika.Message(b'{"type": "approval.respond", "session_id": "%s", "request_id": 5}' % session_id.encode(),
+                             message_id="msg_unreadable"),
+            routing_key="approval.respond")
+
+        async def dead_lettering_logged():
+            return any("dead-lettering msg_unreadable" in line["message"]
+                       for line in log_records(deployment.log_path("approval-ledger")))
+        await eventually(dead_lettering_logged)
+    deployment.stop_all()
+
+    about_messages = []
+    for service in SERVICES:
+        records = log_records(deployment.log_path(service))  # raises on any line that is not JSON
+        assert records, f"{service} logged nothing"
+        for record in records:
+            assert record["service"] == service and record["level"] and record["time"] and record["message"]
+            if "message_id" in record:
+                assert record.get("session_id"), f"a line about a message names no session: {record}"
+                about_messages.append(record)
+        assert any(r["message"].startswith(f"{service} ready") for r in records)
+
+    rejected = [r for r in about_messages if r["message"].startswith("rejected ")]
+    assert [(r["service"], r["message_type"], r["message_id"], r["session_id"]) for r in rejected] == [
+        ("approval-ledger", "approval.respond", bogus.message_id, session_id)]
+    dead = [r for r in about_messages if "dead-lettering msg_unreadable" in r["message"]]
+    assert [(r["level"], r["message_id"], r["session_id"]) for r in dead] == [("WARNING", "msg_unreadable", session_id)]
+    ran = [r for r in about_messages if r["service"] == "tool-executor" and r["logger"] == "httpx"]
+    assert ran and all(r["message_type"] == "tool.execute" and r["session_id"] == session_id and r["causation_id"]
+                       for r in ran), "the tool's outward call is logged as part of handling its tool.execute"
