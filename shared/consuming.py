@@ -85,7 +85,7 @@ class Inbound:
         try:
             message = adapter.validate_json(body)
         except ValidationError as error:
-            logs.concerning_unread(raw.message_id, body)
+            logs.concerning_raw(raw.message_id, body)
             await self.dead_letter(raw, "invalid", _describe(error))
             return
         logs.concerning(message)

@@ -60,9 +60,10 @@ def concerning(message: AboutAMessage | None = None, *, message_id: str | None =
     handling.set(about)
 
 
-def concerning_unread(message_id: str | None, body: bytes) -> None:
-    """A message that failed validation: what it says it is, where it says so, so its
-    dead-lettering line can still be found by session. Only plain strings are taken."""
+def concerning_raw(message_id: str | None, body: bytes) -> None:
+    """A message known only as bytes (one that failed validation, a hook's event):
+    what it says it is, so its lines can still be found by session. Only plain
+    strings are taken."""
     about = {"message_id": message_id} if message_id else {}
     try:
         said = json.loads(body)
@@ -162,6 +163,10 @@ def configure(service: str, log_format: LogFormat = "auto", *, stream: TextIO | 
         library = logging.getLogger(name)
         library.handlers.clear()
         library.propagate = True
+    # httpx logs each request's URL at INFO, and a tool's or a hook's URL may carry a
+    # secret resolved from `${env:NAME}` (shared/catalogue.py): only its warnings.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     logging.captureWarnings(True)
 
 

@@ -118,6 +118,7 @@ async def _claim_run_and_report(
         ):
             log.error("call %s: lost the claim while running; its new holder reports", command.call_id)
             return
+        log.info("call %s: %s ran: %s", command.call_id, command.tool, result.outcome)
         await faults.reached("executor.after_record")
     await executor.report(
         ToolExecuted(

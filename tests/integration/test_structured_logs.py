@@ -13,6 +13,7 @@ async def test_every_log_line_is_json_naming_its_service_and_every_message_line_
 ):
     deployment = sqlite_deployment
     deployment.extra_env["SINK_URL"] = sink.url
+    deployment.extra_env["SINK_TOKEN"] = "tok-never-logged"
     deployment.start()
     session_id = mint("ses")
     async with deployment.console() as console:
@@ -51,6 +52,9 @@ async def test_every_log_line_is_json_naming_its_service_and_every_message_line_
         ("approval-ledger", "approval.respond", bogus.message_id, session_id)]
     dead = [r for r in about_messages if "dead-lettering msg_unreadable" in r["message"]]
     assert [(r["level"], r["message_id"], r["session_id"]) for r in dead] == [("WARNING", "msg_unreadable", session_id)]
-    ran = [r for r in about_messages if r["service"] == "tool-executor" and r["logger"] == "httpx"]
-    assert ran and all(r["message_type"] == "tool.execute" and r["session_id"] == session_id and r["causation_id"]
-                       for r in ran), "the tool's outward call is logged as part of handling its tool.execute"
+    ran = [r for r in about_messages if r["service"] == "tool-executor" and r["message"].startswith("call ")]
+    assert [(r["message"].split(": ", 1)[1], r["message_type"], r["session_id"], bool(r["causation_id"]))
+            for r in ran] == [("post_to_sink ran: output", "tool.execute", session_id, True)]
+    secret = deployment.env()["SINK_TOKEN"]
+    for service in SERVICES:
+        assert secret not in deployment.log_path(service).read_text(), f"{service} logged the tool's secret"

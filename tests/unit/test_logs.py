@@ -78,9 +78,9 @@ def test_every_line_logged_while_a_message_is_handled_names_it_even_from_tasks_a
 
 def test_a_message_that_could_not_be_read_is_named_by_what_it_says_it_is(output):
     logs.configure("approval-ledger", "json", stream=output)
-    logs.concerning_unread("msg_bad", b'{"type": "approval.respond", "session_id": "ses_2", "request_id": 5}')
+    logs.concerning_raw("msg_bad", b'{"type": "approval.respond", "session_id": "ses_2", "request_id": 5}')
     logging.getLogger("signoff").warning("dead-lettering msg_bad: invalid")
-    logs.concerning_unread("msg_worse", b'{"session_id": {"not": "a string"}')
+    logs.concerning_raw("msg_worse", b'{"session_id": {"not": "a string"}')
     logging.getLogger("signoff").warning("dead-lettering msg_worse: invalid")
     first, second = lines(output)
     assert (first["message_id"], first["session_id"], first["message_type"]) == ("msg_bad", "ses_2", "approval.respond")
@@ -148,3 +148,10 @@ def test_libraries_that_bring_their_own_handler_log_through_ours(output):
     faststream.warning("connection lost")
     [line] = lines(output)
     assert line["logger"] == "faststream" and line["service"] == "approval-ledger"
+
+
+def test_the_http_clients_request_lines_which_quote_urls_with_secrets_are_not_logged(output):
+    logs.configure("tool-executor", "json", stream=output)
+    logging.getLogger("httpx").info("HTTP Request: POST https://api.example/hook?token=resolved-secret")
+    logging.getLogger("httpx").warning("a warning still is")
+    assert [line["message"] for line in lines(output)] == ["a warning still is"]
