@@ -144,8 +144,8 @@ MUTATIONS = [
    "",
    "tests/integration/test_structured_logs.py"),
   ("the publishers have no disruption budget (a drain may evict both)", "deploy/k8s/publisher.yaml",
-   "---\napiVersion: policy/v1\nkind: PodDisruptionBudget\n",
-   "---\napiVersion: v1\nkind: ConfigMap\ndata: {}\n",
+   "apiVersion: policy/v1\nkind: PodDisruptionBudget\n",
+   "apiVersion: v1\nkind: ConfigMap\ndata: {}\n",
    "tests/unit/test_kubernetes_manifests.py"),
 ]
 
