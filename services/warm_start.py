@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import logging
 import os
 import selectors
 import signal
@@ -36,6 +37,7 @@ import sys
 import time
 import traceback
 
+from shared import logs
 from shared.settings import Settings
 
 SERVICES = {
@@ -54,7 +56,18 @@ def preload() -> None:
 def run_service(service: str) -> int:
     """Run one service in this process until it stops, with settings from the environment."""
     module = importlib.import_module(SERVICES[service])
-    asyncio.run(module.run(Settings()))
+    try:
+        asyncio.run(module.run(Settings()))
+    except (SystemExit, Exception) as stop:
+        # Once its logging is set up, why a service stops (a dependency unreachable, a
+        # key missing, a crash) is a log line like the others: JSON where JSON is read.
+        if not logs.configured() or (isinstance(stop, SystemExit) and not isinstance(stop.code, str)):
+            raise
+        if isinstance(stop, SystemExit):
+            logging.getLogger("signoff").critical("%s", stop.code)
+        else:
+            logging.getLogger("signoff").critical("%s stopped: %r", service, stop, exc_info=stop)
+        raise SystemExit(1) from None
     return 0
 
 

@@ -170,6 +170,11 @@ def configure(service: str, log_format: LogFormat = "auto", *, stream: TextIO | 
     logging.captureWarnings(True)
 
 
+def configured() -> bool:
+    """Whether this process's lines go through `configure`'s handler (a service, once started)."""
+    return any(isinstance(h.formatter, JSONLines | Text) for h in logging.getLogger().handlers)
+
+
 def _is_terminal(stream: TextIO) -> bool:
     try:
         return stream.isatty()

@@ -2,9 +2,15 @@
 writes to its log is a JSON object naming the service, and every line about a
 message names the message and its session, so one filter follows a session."""
 
+import json
+import socket
+import subprocess
+import sys
+
 import aio_pika
 
 from shared.messages import RespondToApproval, mint
+from shared.settings import PROJECT_ROOT
 from tests.harness import SERVICES, eventually, log_records, next_event, start_and_wait_for_approval
 
 
@@ -58,3 +64,20 @@ async def test_every_log_line_is_json_naming_its_service_and_every_message_line_
     secret = deployment.env()["SINK_TOKEN"]
     for service in SERVICES:
         assert secret not in deployment.log_path(service).read_text(), f"{service} logged the tool's secret"
+
+
+def test_a_service_that_cannot_start_says_why_in_a_json_line(sqlite_deployment):
+    env = sqlite_deployment.env()
+    env["SIGNOFF_RABBITMQ_URL"] = f"amqp://127.0.0.1:{closed_port()}/"
+    run = subprocess.run([sys.executable, "-m", "services.cli", "run", "model-step"], env=env, cwd=PROJECT_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    records = [json.loads(line) for line in run.stderr.splitlines()]  # raises on any line that is not JSON
+    assert records[-1]["level"] == "CRITICAL" and records[-1]["service"] == "model-step"
+    assert records[-1]["message"].startswith("signoff: cannot reach RabbitMQ at 127.0.0.1:")
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
