@@ -82,7 +82,10 @@ def ready_time(deployment: Deployment, service: str) -> float:
     """When the service logged `<service> ready` in its latest start (log clock, ms)."""
     text = deployment.log_path(service).read_text(errors="replace").split("--- start ")[-1]
     for line in text.splitlines()[1:]:
-        record = json.loads(line)
+        try:
+            record = json.loads(line)
+        except ValueError:  # a child's last words before its logging was set up
+            continue
         if record["message"].startswith(f"{service} ready"):
             return datetime.fromisoformat(record["time"]).timestamp()
     return math.nan
