@@ -185,6 +185,8 @@ class Deployment:
             SIGNOFF_TOOLS_FILE=str(self.tools_file),
             SIGNOFF_SCRIPT_FILE=str(self.script_file),
             SIGNOFF_CLAIM_LEASE_SECONDS="1.5",
+            # No metrics port unless a test asks for one: parallel deployments would share 9464.
+            SIGNOFF_METRICS_PORT="0",
             PYTHONUNBUFFERED="1",
         )
         if self.store == "postgres":
