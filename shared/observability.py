@@ -86,7 +86,8 @@ CALLS_CLOSED = Counter(
 )
 DEAD_LETTERS = Counter(
     "signoff_dead_letters_total",
-    "Parked messages the ledger was told about (every one, whoever parked it), by type and reason",
+    "Parked messages the ledger was told about (every one, whoever parked it), by type (unreadable: "
+    "not a message at all) and reason",
     ["type", "reason"],
 )
 APPROVALS_PENDING = Gauge(
@@ -165,6 +166,10 @@ _known_tools: set[str] = set()
 def know_tools(names: set[str] | list[str]) -> None:
     """The tools of the catalogue: the only tool names that become label values."""
     _known_tools.update(names)
+
+
+def known_tools() -> set[str]:
+    return set(_known_tools)
 
 
 def tool_label(name: str | None) -> str:

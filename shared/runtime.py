@@ -163,7 +163,8 @@ class Runtime:
                 await message.nack(requeue=True)
                 return
             await message.ack()
-            DEAD_LETTERS.labels(bounded(parked.message_type, PARKED_TYPES), bounded(parked.reason)).inc()
+            kind = parked.message_type if parked.message_type in PARKED_TYPES else "unreadable"
+            DEAD_LETTERS.labels(kind, bounded(parked.reason)).inc()
 
     async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Connect, consume until told to stop. The topology is `signoff setup`'s to declare."""

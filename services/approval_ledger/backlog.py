@@ -28,6 +28,7 @@ from shared.observability import (
     OUTBOX_UNSENT,
     RELAY_LAG,
     SOONEST_EXPIRY,
+    known_tools,
     tool_label,
 )
 
@@ -93,10 +94,14 @@ async def measure(engine: AsyncEngine) -> Backlog:
 
 
 def show(backlog: Backlog, at: datetime) -> None:
-    """Set the gauges; a tool or hook with nothing waiting any more disappears. Cleared and
-    set again with no await between: a scrape never sees them half-set."""
+    """Set the gauges: every tool of the catalogue shows its count, 0 when none waits; a
+    hook with nothing undelivered disappears. Cleared and set again with no await
+    between: a scrape never sees them half-set."""
     for gauge in (APPROVALS_PENDING, OLDEST_PENDING, SOONEST_EXPIRY, HOOKS_UNDELIVERED, OLDEST_UNDELIVERED):
         gauge.clear()
+    for tool in known_tools() - backlog.pending.keys():
+        APPROVALS_PENDING.labels(tool).set(0)
+        OLDEST_PENDING.labels(tool).set(0)
     for tool, (waiting, oldest, soonest) in backlog.pending.items():
         APPROVALS_PENDING.labels(tool).set(waiting)
         OLDEST_PENDING.labels(tool).set((at - oldest).total_seconds() if oldest else 0)
