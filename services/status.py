@@ -13,8 +13,10 @@ import httpx
 
 from services.approval_ledger.backlog import Backlog, measure
 from services.warm_start import SERVICES
+from shared.catalogue import load_catalogue
 from shared.ledger.database import create_engine
 from shared.messages import now
+from shared.observability import know_tools
 from shared.provisioning import management_api, vhost_in_path
 from shared.settings import Settings
 from shared.topology import Topology
@@ -129,6 +131,7 @@ async def gather(settings: Settings) -> Status:
     except (httpx.HTTPError, ValueError) as error:
         status.queues_error = f"{type(error).__name__}: {error}"
     try:
+        know_tools([spec.name for spec in load_catalogue(settings.tools_file).tools])
         engine = create_engine(settings, identity="console", pool_size=1)
         try:
             status.backlog = await asyncio.wait_for(measure(engine), 10)
