@@ -5,6 +5,7 @@ exactly what happened, the pending gauge rose and fell, every queue has its dept
 series, and every expression of the alert rules and the dashboard evaluates."""
 
 import asyncio
+import json
 import time
 
 import aio_pika
@@ -44,9 +45,16 @@ def prometheus(pg_deployment, tmp_path):
     server.stop()
 
 
-async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deployment, prometheus, sink):
+async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deployment, prometheus, sink, tmp_path):
     deployment = pg_deployment
     deployment.extra_env["SINK_URL"] = sink.url
+    # One hook that answers, one that nobody answers (a closed port).
+    hooks = [
+        {"name": "audit", "url": f"{sink.url}/hook", "events": ["turn.completed"], "secret": "s3cret"},
+        {"name": "broken", "url": "http://127.0.0.1:9/hook", "events": ["turn.completed"], "secret": "s3cret"},
+    ]
+    (tmp_path / "hooks.yaml").write_text(json.dumps({"hooks": hooks}))
+    deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(tmp_path / "hooks.yaml")
     deployment.start()
     ns = deployment.namespace
     await until(
@@ -113,6 +121,17 @@ async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deploym
     assert prometheus.value("sum(signoff_relay_batch_size_count)") >= 1
     assert prometheus.value("max(signoff_publisher_leading)") == 1
     assert prometheus.value("sum(signoff_ledger_transaction_seconds_count)") >= 2 + 2 + 4 + 1
+
+    # Hooks: the two turn.completed delivered to one, failing and waiting for the other.
+    await until(
+        lambda: prometheus.by("sum by (hook) (signoff_hook_deliveries_total{outcome=\"delivered\"})", "hook")
+        == {"audit": 2}
+        and prometheus.value('max(signoff_hook_deliveries_undelivered{hook="broken"})') == 2,
+        "hook deliveries counted",
+    )
+    assert prometheus.value('sum(signoff_hook_deliveries_total{hook="broken",outcome="failed"})') >= 2
+    assert prometheus.value('max(signoff_hook_deliveries_oldest_undelivered_age_seconds{hook="broken"})') > 0
+    assert prometheus.value('max(signoff_hook_deliveries_undelivered{hook="audit"})') is None
 
     # The pending gauge rose and fell (as the server recorded it, second by second).
     assert prometheus.value("max_over_time(max(signoff_approval_requests_pending)[5m:1s])") == 1

@@ -35,8 +35,7 @@ async def until(check, what: str, timeout: float = 30.0) -> subprocess.Completed
         await asyncio.sleep(0.5)
 
 
-async def test_status_says_all_is_well_then_names_what_needs_a_person(pg_deployment):
-    deployment = pg_deployment
+async def test_status_says_all_is_well_then_names_what_needs_a_person(deployment):
     deployment.metrics_ports = {service: free_port() for service in SERVICES}
     deployment.extra_env["SINK_URL"] = "http://127.0.0.1:9"
     deployment.start()
