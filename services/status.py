@@ -87,6 +87,8 @@ def targets(settings: Settings) -> list[tuple[str, str]]:
             name, _, url = item.strip().partition("=")
             pairs.append((name.strip(), url.strip().rstrip("/")))
         return pairs
+    if not settings.metrics_port:
+        return []
     host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "") else settings.metrics_host
     return [(service, f"http://{host}:{settings.metrics_port + i}") for i, service in enumerate(SERVICES)]
 
@@ -154,6 +156,8 @@ def _duration(seconds: float) -> str:
 
 def render(status: Status, topology: Topology) -> str:
     lines = [f"{'SERVICE':<20} {'ADDRESS':<28} STATE"]
+    if not status.replicas:
+        lines.append("(none asked: SIGNOFF_METRICS_PORT is 0 and SIGNOFF_STATUS_TARGETS is empty)")
     for r in status.replicas:
         lines.append(f"{r.name:<20} {r.url:<28} {'ready' if r.ready else 'NOT READY: ' + r.said}")
     lines.append("")
