@@ -199,3 +199,25 @@ async def test_readyz_turns_unready_when_the_broker_connection_is_lost_and_ready
     assert httpx.get(f"{url}/healthz", timeout=3).status_code == 200  # alive all the while
     await until(lambda: readyz() == 200, "ready again after reconnecting", timeout=60)
     admin.close()
+
+
+async def test_a_standby_publisher_is_ready_and_says_it_does_not_lead_until_it_takes_over(pg_deployment):
+    deployment = pg_deployment
+    deployment.metrics_ports = {"publisher": free_port(), "publisher#2": free_port()}
+    deployment.start("publisher")
+    deployment.start("publisher#2")  # blocks on the leader's lock: standing by
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in deployment.metrics_ports.items()}
+
+    def leading(name: str) -> float | None:
+        try:
+            text = httpx.get(f"{urls[name]}/metrics", timeout=3).text
+        except httpx.HTTPError:
+            return None
+        return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("signoff_publisher_leading "))
+
+    for name in urls:
+        assert httpx.get(f"{urls[name]}/readyz", timeout=3).status_code == 200, name
+    assert (leading("publisher"), leading("publisher#2")) == (1.0, 0.0)
+    deployment.kill("publisher")
+    await until(lambda: leading("publisher#2") == 1.0, "the standby leading")
+    assert httpx.get(f"{urls['publisher#2']}/readyz", timeout=3).status_code == 200
