@@ -6,8 +6,10 @@ and the parked messages. Exits 1 when something needs a person, naming it."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -123,11 +125,29 @@ async def _queues(settings: Settings, topology: Topology) -> list[QueueState]:
     ]
 
 
+async def replicas_of(name: str, url: str) -> list[tuple[str, str]]:
+    """Every replica behind a target: a host name that resolves to several addresses (a
+    compose service, a Kubernetes headless service) is asked at each of them."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host == "localhost" or not host or host.replace(".", "").isdigit() or ":" in host:
+        return [(name, url)]
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, parts.port, type=socket.SOCK_STREAM)
+    except OSError:
+        return [(name, url)]
+    addresses = sorted({info[4][0] for info in found})
+    if len(addresses) <= 1:
+        return [(name, url)]
+    return [(name, urlunsplit((parts.scheme, f"{a}:{parts.port}", "", "", ""))) for a in addresses]
+
+
 async def gather(settings: Settings) -> Status:
     status = Status()
     topology = Topology(settings.namespace, settings.delivery_limit)
+    asked = [pair for n, u in targets(settings) for pair in await replicas_of(n, u)]
     async with httpx.AsyncClient() as http:
-        status.replicas = list(await asyncio.gather(*(_replica(http, n, u) for n, u in targets(settings))))
+        status.replicas = list(await asyncio.gather(*(_replica(http, n, u) for n, u in asked)))
     try:
         status.queues = await _queues(settings, topology)
     except (httpx.HTTPError, ValueError) as error:
