@@ -57,6 +57,8 @@ class Supervisor:
         preload()
         for service in SERVICES:
             self._spawn(service)
+        for service, url in self.metrics_addresses().items():
+            print(f"signoff: {service} metrics {url}/metrics, health {url}/readyz", flush=True)
 
     def _spawn(self, service: str) -> None:
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
@@ -127,8 +129,6 @@ class Supervisor:
     def run_until_interrupted(self) -> int:
         self.start()
         print(f"signoff: services running (logs in {self.log_dir}); Ctrl-C stops them", flush=True)
-        for service, url in self.metrics_addresses().items():
-            print(f"signoff: {service} metrics {url}/metrics, health {url}/readyz", flush=True)
         try:
             while True:
                 time.sleep(self.WATCH_SECONDS)
