@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     dead.add_argument("--limit", type=int, default=100, help="show at most this many (default 100)")
 
+    commands.add_parser(
+        "status",
+        help="each service replica (ready?), each queue, relay lag, approvals waiting, dead letters; "
+        "exits 1 when something needs a person",
+    )
+
     args = parser.parse_args(argv)
     settings = Settings()
     try:
@@ -99,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(console.respond(settings, args.request_id, "deny", args.reason, "", args.responder))
         if args.command == "cancel":
             return asyncio.run(console.cancel(settings, args.target, args.reason, args.responder))
+        if args.command == "status":
+            from services.status import show_status
+
+            return asyncio.run(show_status(settings))
         if args.command == "dead-letters":
             return asyncio.run(console.dead_letters(settings, args.limit))
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ restarted at once when it dies."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -56,12 +57,26 @@ class Supervisor:
         preload()
         for service in SERVICES:
             self._spawn(service)
+        for service, url in self.metrics_addresses().items():
+            print(f"signoff: {service} metrics {url}/metrics, health {url}/readyz", flush=True)
 
     def _spawn(self, service: str) -> None:
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
         log = self.log_dir / f"{service}.log"
         self.log_offset[service] = log.stat().st_size if log.exists() else 0
-        self.children[service] = Child(fork_service(service, log=str(log), new_session=True))
+        env = None
+        if self.settings.metrics_port:
+            env = {**os.environ, "SIGNOFF_METRICS_PORT": str(self.metrics_port(service))}
+        self.children[service] = Child(fork_service(service, log=str(log), env=env, new_session=True))
+
+    def metrics_port(self, service: str) -> int:
+        """One port per child: SIGNOFF_METRICS_PORT plus the service's place in SERVICES."""
+        return self.settings.metrics_port + list(SERVICES).index(service)
+
+    def metrics_addresses(self) -> dict[str, str]:
+        if not self.settings.metrics_port:
+            return {}
+        return {s: f"http://{self.settings.metrics_host}:{self.metrics_port(s)}" for s in SERVICES}
 
     def became_ready(self, service: str) -> bool:
         """Whether the child last started logged that it was ready (or, a publisher, standing by)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from shared import logs
 from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
 from shared.messages import Envelope, encode, now
+from shared.observability import MESSAGE_HANDLING, MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED, MESSAGES_PUBLISHED
 from shared.topology import COMMAND_TYPES, Topology
 
 if TYPE_CHECKING:
@@ -58,8 +60,12 @@ class Inbound:
         max_bytes: int,
         dedupe_ttl: int,
         user_id: str,
+        message_type: str = "unknown",
     ) -> None:
         self.consumer = consumer
+        # The queue's message type: a bounded label, whatever the body claims to be.
+        self.message_type = message_type
+        self._handling = MESSAGE_HANDLING.labels(consumer, message_type)
         self.user_id = user_id
         self.broker = broker
         self.redis = redis
@@ -76,22 +82,34 @@ class Inbound:
         adapter: TypeAdapter[Any],
         handle: Callable[[Any], Awaitable[None]],
     ) -> None:
+        started = time.perf_counter()
+        outcome = await self._receive(raw, adapter, handle)
+        self._handling.observe(time.perf_counter() - started)
+        MESSAGES_CONSUMED.labels(self.consumer, self.message_type, outcome).inc()
+
+    async def _receive(
+        self,
+        raw: RabbitMessage,
+        adapter: TypeAdapter[Any],
+        handle: Callable[[Any], Awaitable[None]],
+    ) -> str:
+        """Handle one delivery; what became of it: handled, duplicate, dead_lettered or retried."""
         body: bytes = raw.body
         # Each line logged from here on names the message (shared/logs.py): its id until it is read.
         logs.concerning(message_id=raw.message_id)
         if len(body) > self.max_bytes:
             await self.dead_letter(raw, "oversized", f"{len(body)} bytes; the limit is {self.max_bytes}")
-            return
+            return "dead_lettered"
         try:
             message = adapter.validate_json(body)
         except ValidationError as error:
             logs.concerning_raw(raw.message_id, body)
             await self.dead_letter(raw, "invalid", _describe(error))
-            return
+            return "dead_lettered"
         logs.concerning(message)
         if await self._already_handled(message.message_id):
             await raw.ack()
-            return
+            return "duplicate"
         delivered_before = int((raw.headers or {}).get("x-delivery-count") or 0)
         previous_deliveries.set(delivered_before)
         sender.set(raw.raw_message.user_id)
@@ -101,7 +119,7 @@ class Inbound:
             raise
         except Rejected as rejection:
             await self.dead_letter(raw, rejection.code, rejection.detail)
-            return
+            return "dead_lettered"
         except Exception as error:
             if delivered_before >= self.topology.delivery_limit:
                 # RabbitMQ would park it after this nack, saying only "delivery_limit":
@@ -112,14 +130,15 @@ class Inbound:
                     DELIVERY_LIMIT,
                     f"failed on all {delivered_before + 1} deliveries; the last error: {type(error).__name__}: {error}",
                 )
-                return
+                return "dead_lettered"
             log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)
             # A short pause keeps a dead database from turning into a hot loop.
             await asyncio.sleep(0.5)
             await raw.nack(requeue=True)
-            return
+            return "retried"
         await raw.ack()
         await self._remember(message.message_id)
+        return "handled"
 
     async def _handle_through_outages(self, message: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
         """Handle the message; while a dependency (the database, Redis) is away, wait
@@ -171,6 +190,7 @@ class Inbound:
     async def dead_letter(self, raw: RabbitMessage, code: str, detail: str) -> None:
         """Park a message with its reason, then ack it: nothing lost, nothing blocked."""
         log.warning("%s: dead-lettering %s: %s: %s", self.consumer, raw.message_id, code, detail)
+        MESSAGES_DEAD_LETTERED.labels(self.consumer, self.message_type, code).inc()
         await self.broker.publish(
             raw.body,
             exchange=self.topology.dead,
@@ -272,3 +292,4 @@ async def publish(broker: RabbitBroker, topology: Topology, message: Envelope, *
         mandatory=False,
         user_id=user_id,
     )
+    MESSAGES_PUBLISHED.labels(message.type).inc()

@@ -25,14 +25,14 @@ def broker_identities(channels: list[str]) -> list[str]:
     return [*SERVICES, *(f"channel.{name}" for name in channels)]
 
 
-def _admin(settings: Settings) -> httpx.AsyncClient:
+def management_api(settings: Settings) -> httpx.AsyncClient:
     url = urlsplit(settings.rabbitmq_admin_url)
     base = f"{url.scheme}://{url.hostname}:{url.port or 15672}{url.path.rstrip('/')}/api"
     auth = (unquote(url.username or "guest"), unquote(url.password or "guest"))
     return httpx.AsyncClient(base_url=base, auth=auth, timeout=10)
 
 
-def _vhost(settings: Settings) -> str:
+def vhost_in_path(settings: Settings) -> str:
     path = urlsplit(settings.rabbitmq_url).path
     return quote(unquote(path[1:]) if len(path) > 1 else "/", safe="")
 
@@ -68,7 +68,7 @@ async def provision_broker(settings: Settings, channels: list[str]) -> list[str]
 
 async def _identities(settings: Settings, topology: Topology, channels: list[str]) -> list[str]:
     done = []
-    async with _admin(settings) as api:
+    async with management_api(settings) as api:
         try:
             (await api.get("/whoami")).raise_for_status()
         except httpx.HTTPError as error:
@@ -85,7 +85,7 @@ async def _identities(settings: Settings, topology: Topology, channels: list[str
             allowed = topology.permissions(name)
             (
                 await api.put(
-                    f"/permissions/{_vhost(settings)}/{quote(user, safe='')}",
+                    f"/permissions/{vhost_in_path(settings)}/{quote(user, safe='')}",
                     json={"configure": allowed.configure, "write": allowed.write, "read": allowed.read},
                 )
             ).raise_for_status()
@@ -96,7 +96,7 @@ async def _identities(settings: Settings, topology: Topology, channels: list[str
 async def remove_broker_identities(settings: Settings, channels: list[str]) -> None:
     """Delete a namespace's broker users (tests clean up after themselves)."""
     topology = Topology(settings.namespace)
-    async with _admin(settings) as api:
+    async with management_api(settings) as api:
         for name in broker_identities(channels):
             await api.delete(f"/users/{quote(topology.identity(name), safe='')}")
 

@@ -20,13 +20,17 @@ from pydantic import TypeAdapter
 from shared import faults, logs
 from shared.consuming import Inbound
 from shared.dead_letters import ParkedMessage, describe
+from shared.messages import EVENT_TYPES
+from shared.observability import DEAD_LETTERS, Health, bounded
 from shared.settings import Settings
-from shared.topology import Topology
+from shared.topology import COMMAND_TYPES, Topology
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 log = logging.getLogger("signoff")
+# What a parked message may be, as a label (a parked body may claim any type).
+PARKED_TYPES = set(COMMAND_TYPES) | set(EVENT_TYPES)
 
 HOW_TO_START = {
     "RabbitMQ": "start it with `rabbitmq-server -detached` (or `docker compose up -d rabbitmq`), "
@@ -81,6 +85,17 @@ class Runtime:
             graceful_timeout=10,
         )
         self._redis: Redis | None = None
+        # /metrics, /healthz, /readyz; each service adds what it needs beyond the broker.
+        self.health = Health(name)
+        self.health.add("broker", self._broker_connected)
+
+    async def expose(self) -> None:
+        """Serve /metrics, /healthz and /readyz (before anything slow, so a probe sees the process live)."""
+        await self.health.start(self.settings.metrics_host, self.settings.metrics_port)
+
+    async def _broker_connected(self) -> bool:
+        # Open, consuming (a robust connection restores its consumers when it reconnects) and started.
+        return self.broker.running and await self.broker.ping(timeout=1.0)
 
     @property
     def redis(self) -> Redis:
@@ -96,9 +111,10 @@ class Runtime:
         if self._redis is not None:
             await self._redis.aclose()
 
-    def inbound(self, consumer: str, *, redis_fast_path: bool = True) -> Inbound:
+    def inbound(self, consumer: str, *, redis_fast_path: bool = True, message_type: str = "unknown") -> Inbound:
         return Inbound(
             consumer=consumer,
+            message_type=message_type,
             broker=self.broker,
             redis=self.redis if redis_fast_path else None,
             topology=self.topology,
@@ -116,7 +132,7 @@ class Runtime:
         redis_fast_path: bool = True,
     ) -> None:
         """Subscribe one handler to the queue of one inbound message type."""
-        inbound = self.inbound(self.name, redis_fast_path=redis_fast_path)
+        inbound = self.inbound(self.name, redis_fast_path=redis_fast_path, message_type=message_type)
 
         @self.broker.subscriber(
             self.topology.inbound_queue(message_type),
@@ -138,13 +154,16 @@ class Runtime:
         async def entrypoint(message) -> None:
             logs.concerning(message_id=message.message_id)
             try:
-                await handle(describe(message.message_id, message.body, message.headers))
+                parked = describe(message.message_id, message.body, message.headers)
+                await handle(parked)
             except Exception:
                 log.exception("handling a parked message's copy failed; it will be redelivered")
                 await asyncio.sleep(0.5)
                 await message.nack(requeue=True)
                 return
             await message.ack()
+            kind = parked.message_type if parked.message_type in PARKED_TYPES else "unreadable"
+            DEAD_LETTERS.labels(kind, bounded(parked.reason)).inc()
 
     async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Connect, consume until told to stop. The topology is `signoff setup`'s to declare."""
@@ -153,6 +172,8 @@ class Runtime:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with AsyncExitStack() as stack:
+            await self.expose()
+            stack.push_async_callback(self.health.stop)
             try:
                 await self.broker.connect()
             except Exception as error:

@@ -81,6 +81,13 @@ class Settings(BaseSettings):
     # (`signoff setup` makes them, as SIGNOFF_DATABASE_URL's user); off: everyone
     # logs in as SIGNOFF_DATABASE_URL's user.
     database_identities: bool = True
+    # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
+    # port 0: none. `signoff up` gives its children this port plus their index.
+    metrics_port: int = 9464
+    metrics_host: str = "127.0.0.1"
+    # `signoff status`: the services' metrics addresses to ask, `name=http://host:port`
+    # comma-separated; empty: the four of `signoff up` on this machine.
+    status_targets: str = ""
 
     @field_validator("namespace")
     @classmethod

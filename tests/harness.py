@@ -65,6 +65,12 @@ class ServiceUnreachable(AssertionError):
     """A test needs a service it cannot reach: fail loudly, never skip."""
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def require_services(*, postgres: bool = True) -> None:
     wanted = [("RabbitMQ", RABBITMQ_URL, "SIGNOFF_TEST_RABBITMQ_URL"), ("Redis", REDIS_URL, "SIGNOFF_TEST_REDIS_URL")]
     if postgres:
@@ -173,6 +179,8 @@ class Deployment:
     tools_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "tools.yaml"
     script_file: Path = PROJECT_ROOT / "tests" / "fixtures" / "script.yaml"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # A metrics port per process name (`publisher`, `publisher#2`); others serve none.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen | WarmChild] = field(default_factory=dict)
     # True: every start is a new interpreter (`python -m services.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
@@ -194,6 +202,8 @@ class Deployment:
             SIGNOFF_TOOLS_FILE=str(self.tools_file),
             SIGNOFF_SCRIPT_FILE=str(self.script_file),
             SIGNOFF_CLAIM_LEASE_SECONDS="1.5",
+            # No metrics port unless a test asks for one: parallel deployments would share 9464.
+            SIGNOFF_METRICS_PORT="0",
             PYTHONUNBUFFERED="1",
         )
         if self.store == "postgres":
@@ -222,6 +232,8 @@ class Deployment:
             env = self.env()
             if faults:
                 env["SIGNOFF_FAULTS"] = faults
+            if name in self.metrics_ports:
+                env["SIGNOFF_METRICS_PORT"] = str(self.metrics_ports[name])
             with open(self.log_path(name), "ab") as log:
                 log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
                 log.flush()

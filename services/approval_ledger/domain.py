@@ -101,6 +101,8 @@ class RequestOnRecord:
     escalated: bool = False
     # The card it was shown with, for announcing it again.
     card: dict[str, Any] | None = None
+    # When it was committed (for the time a decision took).
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,15 @@ from shared.messages import (
     TurnFailed,
     mint,
 )
+from shared.observability import (
+    APPROVAL_OUTCOMES,
+    LEDGER_TRANSACTION,
+    TIME_TO_DECISION,
+    counting_on_commit,
+    timed,
+    tool_label,
+    when_committed,
+)
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
@@ -77,17 +86,19 @@ def transition(handler):
         provider = None
         if isinstance(message, StartTurn) and refused is None:
             provider = message.provider or ledger.default_provider
-        async with ledger.unit_of_work() as uow:
-            try:
-                session = await uow.lock_session(message.session_id, create_with_provider=provider)
-                await uow.receive(message)
-                if refused:
-                    records.refusal(uow, session, message, refused)
-                else:
-                    await handler(ledger, uow, session, message)
-                await uow.commit()
-            except Duplicate:
-                return
+        with counting_on_commit() as committed, timed(LEDGER_TRANSACTION.labels(message.type)):
+            async with ledger.unit_of_work() as uow:
+                try:
+                    session = await uow.lock_session(message.session_id, create_with_provider=provider)
+                    await uow.receive(message)
+                    if refused:
+                        records.refusal(uow, session, message, refused)
+                    else:
+                        await handler(ledger, uow, session, message)
+                    await uow.commit()
+                except Duplicate:
+                    return
+            committed()
 
     return apply
 
@@ -250,6 +261,10 @@ async def _decide(
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     uow.update(records.APPROVAL_REQUESTS, request.id, status=domain.request_status_after(response.decision))
+    tool = tool_label(request.tool)
+    when_committed(APPROVAL_OUTCOMES.labels(tool, domain.request_status_after(response.decision)).inc)
+    if request.created_at is not None:
+        when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, _seconds(request.created_at, uow.now)))
     records.decision(uow, request.id, response)
     call.note = domain.note_of(response)
     uow.emit(
@@ -321,6 +336,14 @@ async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bo
     expired, the model is told when the step resumes, and events say so. One unit of
     work under the session's lock, so a sweep killed half-way and run again, or two
     ledgers sweeping at once, close each request once. True: it was closed now."""
+    with counting_on_commit() as committed:
+        closed = await _expire_request(ledger, request_id, session_id)
+        if closed:
+            committed()
+        return closed
+
+
+async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
     async with ledger.unit_of_work() as uow:
         session = await uow.lock_session(session_id)
         request, step = await reads.request_and_calls(uow, request_id, session_id, responder="")
@@ -331,6 +354,7 @@ async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bo
         call = step.find(request.call_id)
         assert call is not None, f"request {request.id} without its call"
         uow.update(records.APPROVAL_REQUESTS, request.id, status="expired")
+        when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "expired").inc)
         assert request.expires_at is not None
         uow.emit(
             session,
@@ -448,12 +472,22 @@ async def _close_open_turn(
     session.updated_at = uow.now
 
 
+def _seconds(since, until) -> float:
+    return max(0.0, (until - since).total_seconds())
+
+
 async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:
     """A parked message the session's open turn was waiting on (its model step's
     request or report, a call's execution or result) would leave the session stuck:
     the turn fails with the reason instead, its open calls closed honestly. Anything
     else parked (a bad response, a stale report) changes nothing here."""
     session_id = parked.session_id
+    with counting_on_commit() as committed:
+        await _fail_turn_waiting_on(ledger, parked, session_id)
+        committed()
+
+
+async def _fail_turn_waiting_on(ledger: Ledger, parked: ParkedMessage, session_id: str) -> None:
     async with ledger.unit_of_work() as uow:
         session = await uow.lock_session(session_id) if domain.is_identifier(session_id) else None
         if session is None:

@@ -9,18 +9,22 @@ from functools import partial
 from pydantic import TypeAdapter
 
 from shared.catalogue import load_catalogue
-from shared.ledger.database import create_engine, migrate, notify_channel
+from shared.ledger.database import create_engine, database_reachable, migrate, notify_channel
 from shared.messages import CancelTurn, ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
+from shared.observability import know_tools
 from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
 from .authority import Authority
+from .backlog import measure_forever
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
 
 # The ledger's PostgreSQL pool, and so the most transitions in flight at once.
 POOL_SIZE = 20
+# How often the ledger measures what waits (services/approval_ledger/backlog.py) for /metrics.
+BACKLOG_SECONDS = 5.0
 ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
     ("turn.cancel", CancelTurn, handlers.cancel_turn),
@@ -33,13 +37,17 @@ ROUTES = (
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "approval-ledger")
+    await runtime.expose()
     authority = Authority.from_settings(settings)
     engine = create_engine(settings, identity="approval-ledger", pool_size=POOL_SIZE)
+    runtime.health.add("database", partial(database_reachable, engine))
     await migrate(engine, settings)
+    catalogue = load_catalogue(settings.tools_file)
+    know_tools([spec.name for spec in catalogue.tools])
     ledger = Ledger(
         engine=engine,
         topology=runtime.topology,
-        catalogue=load_catalogue(settings.tools_file),
+        catalogue=catalogue,
         authority=authority,
         check_senders=settings.broker_identities,
         approval_timeout=settings.approval_timeout_seconds,
@@ -71,6 +79,7 @@ async def run(settings: Settings) -> None:
         await asyncio.gather(
             handlers.sweep_expired_requests(ledger, settings.expiry_sweep_seconds),
             sweep_forever(engine, retention, settings.retention_sweep_seconds),
+            *([measure_forever(engine, BACKLOG_SECONDS)] if settings.metrics_port else []),
         )
 
     try:

@@ -146,6 +146,7 @@ _REQUEST_AND_CALLS = (
         _request.c.expires_at.label("request_expires_at"),
         _request.c.escalated_at.label("request_escalated_at"),
         _request.c.card.label("request_card"),
+        _request.c.created_at.label("request_created_at"),
         _turn.c.started_by.label("turn_started_by"),
         _session.c.started_by.label("session_started_by"),
         select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
@@ -222,6 +223,7 @@ async def request_and_calls(
         expires_at=first.request_expires_at,
         escalated=first.request_escalated_at is not None,
         card=first.request_card,
+        created_at=first.request_created_at,
     )
     return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
 

@@ -34,6 +34,14 @@ from shared.messages import (
     TurnFailed,
     mint,
 )
+from shared.observability import (
+    APPROVAL_OUTCOMES,
+    APPROVALS_REQUESTED,
+    CALLS_CLOSED,
+    MESSAGES_REJECTED,
+    tool_label,
+    when_committed,
+)
 
 from . import reads
 from .authority import Authority
@@ -73,6 +81,7 @@ def _id_of(cause: Envelope | None) -> str | None:
 
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
+    when_committed(MESSAGES_REJECTED.labels(message.type, refused.reason_code).inc)
     uow.emit(
         session,
         MessageRejected(
@@ -167,6 +176,8 @@ async def withdraw_request(uow: UnitOfWork, call: Call) -> None:
         .where(APPROVAL_REQUESTS.c.call_id == call.id, APPROVAL_REQUESTS.c.status == "pending")
         .values(status="cancelled")
     )
+    if call.status == "awaiting_approval":
+        when_committed(APPROVAL_OUTCOMES.labels(tool_label(call.tool), "cancelled").inc)
 
 
 def assistant_entry(uow: UnitOfWork, session: SessionState, text: str, calls: list[Call]) -> None:
@@ -268,6 +279,7 @@ def approval_request(
     where it came from (turn, step, model attempt, ledger run); the token itself
     (random, 256 bits) leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
+    when_committed(APPROVALS_REQUESTED.labels(tool_label(call.tool)).inc)
     uow.add(
         APPROVAL_REQUESTS,
         {
@@ -405,6 +417,7 @@ def closure(
     stored: bool = True,
 ) -> None:
     """Close a call: its status and its one closure row (invariant 3), and say so."""
+    when_committed(CALLS_CLOSED.labels(tool_label(call.tool), closed.kind).inc)
     if stored:
         uow.update(TOOL_CALLS, call.id, status="closed")
     call.status = "closed"

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from shared import faults
 from shared.consuming import previous_deliveries
 from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, encode
+from shared.observability import PROVIDER_ATTEMPTS, PROVIDER_TOKENS, bounded
 
 from .replies import Provider, ProviderError, ProviderReply, counted, unusable
 from .tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
@@ -48,6 +49,12 @@ async def request_model_step(
     a reply whose report would be larger is a failed attempt, not a parked report."""
     completed = await _step(providers, request, max_bytes)
     await _send(report, completed)
+    for attempt in completed.attempts:
+        provider = bounded(attempt.provider, set(providers))
+        PROVIDER_ATTEMPTS.labels(provider, attempt.status).inc()
+        if attempt.usage.input_tokens or attempt.usage.output_tokens:
+            PROVIDER_TOKENS.labels(provider, "input").inc(attempt.usage.input_tokens)
+            PROVIDER_TOKENS.labels(provider, "output").inc(attempt.usage.output_tokens)
     await faults.reached("model_step.after_report")
 
 

@@ -18,6 +18,7 @@ from .settings import ModelStepSettings
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "model-step")
+    await runtime.expose()
     # The shared settings as given, plus the provider settings from the environment.
     config = ModelStepSettings(**settings.model_dump())
     providers = build_providers(config)

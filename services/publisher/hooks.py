@@ -38,6 +38,7 @@ from shared import faults, logs
 from shared.catalogue import resolve_secrets
 from shared.ledger.tables import TABLES, HookDelivery
 from shared.messages import EVENT_TYPES, now
+from shared.observability import HOOK_DELIVERIES
 
 from .leadership import Leadership, LeadershipLost
 
@@ -241,6 +242,8 @@ class HookDeliverer:
                 if self.leadership is not None:
                     await self.leadership.fence(db)
                 await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(**values))
+            outcome = "delivered" if error is None else "failed" if delay is not None else "given_up"
+            HOOK_DELIVERIES.labels(hook.name, outcome).inc()
             if error is not None and delay is None:
                 alert(
                     "attempts_exhausted",

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 import aio_pika
 import httpx
 
-from shared.ledger.database import create_engine, migrate, sessionmaker
+from shared.ledger.database import create_engine, database_reachable, migrate, sessionmaker
+from shared.observability import PUBLISHER_LEADING
 from shared.runtime import Unreachable, address, prepare
 from shared.settings import Settings
 
@@ -23,6 +25,8 @@ log = logging.getLogger("signoff.publisher")
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "publisher")
+    # Up before the lead is taken: a standby waits in `lead` for as long as the leader lives.
+    await runtime.expose()
     # The shared settings as given, plus the publisher's own from the environment.
     config = PublisherSettings(**settings.model_dump())
     engine = create_engine(settings, identity="publisher", pool_size=2)
@@ -31,9 +35,14 @@ async def run(settings: Settings) -> None:
         connection = await aio_pika.connect_robust(runtime.amqp_url)
     except Exception as error:
         raise Unreachable("RabbitMQ", address(settings.rabbitmq_url), error) from None
+    # Its relay's own connection is what it needs (a standby has no other yet).
+    runtime.health.add("broker", partial(_connected, connection))
+    runtime.health.add("database", partial(database_reachable, engine))
     wake = asyncio.Event()
+    PUBLISHER_LEADING.set(0)
     # Before serving: a standby says "standing by" and waits here; "ready" means leading.
     leadership: Leadership | None = await lead(settings, wake) if settings.is_postgres else None
+    PUBLISHER_LEADING.set(1)
     hooks = load_hooks(settings.hooks_file)
 
     async def relay() -> None:
@@ -59,7 +68,9 @@ async def run(settings: Settings) -> None:
                 assert leadership is not None  # only a leader's relay loses its lead
                 await leadership.close()
                 leadership = None
+                PUBLISHER_LEADING.set(0)
                 leadership = await lead_again(settings, wake)
+                PUBLISHER_LEADING.set(1)
 
     try:
         # serve() declares the topology before the relay starts, so nothing is routed to nowhere.
@@ -69,3 +80,7 @@ async def run(settings: Settings) -> None:
             await leadership.close()
         await connection.close()
         await engine.dispose()
+
+
+async def _connected(connection: aio_pika.abc.AbstractRobustConnection) -> bool:
+    return connection.connected.is_set()

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared import faults
 from shared.ledger.tables import TABLES
 from shared.messages import now
+from shared.observability import MESSAGES_PUBLISHED, RELAY_BATCH
 
 from .hooks import Hook, schedule
 from .leadership import EPOCH, Leadership, LeadershipLost
@@ -98,6 +99,9 @@ class OutboxRelay:
                 for r in rows
             )
         )
+        RELAY_BATCH.observe(len(rows))
+        for row in rows:
+            MESSAGES_PUBLISHED.labels(row.message_type).inc()
         await faults.reached("publisher.after_send")
         try:
             async with self.engine.begin() as conn:

@@ -18,6 +18,7 @@ from shared.authorization import Authorization, verify_authorization
 from shared.catalogue import ToolCatalogue
 from shared.consuming import Rejected
 from shared.messages import Envelope, ExecuteTool, RefuseExecution, ToolExecuted, now
+from shared.observability import EXECUTION_TIME, EXECUTIONS, timed, tool_label
 from shared.signatures import Unverified, arguments_fingerprint
 
 from .claims import Claims
@@ -57,7 +58,8 @@ async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
         await asyncio.sleep(0.1)
         waited += 0.1
     try:
-        await _claim_run_and_report(executor, command, spec, effect, granted)
+        with timed(EXECUTION_TIME.labels(tool_label(command.tool))):
+            await _claim_run_and_report(executor, command, spec, effect, granted)
     finally:
         await executor.leases.release(command.call_id)
 
@@ -120,6 +122,7 @@ async def _claim_run_and_report(
             return
         log.info("call %s: %s ran: %s", command.call_id, command.tool, result.outcome)
         await faults.reached("executor.after_record")
+    EXECUTIONS.labels(tool_label(command.tool), result.outcome).inc()
     await executor.report(
         ToolExecuted(
             session_id=command.session_id,

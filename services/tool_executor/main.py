@@ -12,8 +12,9 @@ from pydantic import TypeAdapter
 from shared import keyring
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
-from shared.ledger.database import create_engine, migrate
+from shared.ledger.database import create_engine, database_reachable, migrate
 from shared.messages import ExecuteTool
+from shared.observability import know_tools
 from shared.runtime import prepare
 from shared.settings import Settings
 
@@ -24,12 +25,16 @@ from .leases import Leases
 
 async def run(settings: Settings) -> None:
     runtime = prepare(settings, "tool-executor")
+    await runtime.expose()
     engine = create_engine(settings, identity="tool-executor")
+    runtime.health.add("database", partial(database_reachable, engine))
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"
+    catalogue = load_catalogue(settings.tools_file)
+    know_tools([spec.name for spec in catalogue.tools])
     async with httpx.AsyncClient() as http:
         executor = Executor(
-            catalogue=load_catalogue(settings.tools_file),
+            catalogue=catalogue,
             claims=Claims(engine, holder, settings.claim_lease_seconds),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),

@@ -48,6 +48,13 @@ def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> 
     return engine
 
 
+async def database_reachable(engine: AsyncEngine) -> bool:
+    """A readiness check: one `SELECT 1` through the service's own pool."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+    return True
+
+
 def notify_channel(settings: Settings) -> str | None:
     """The PostgreSQL channel the publisher listens on; SQLite has none (it polls)."""
     if not settings.is_postgres:

@@ -5,15 +5,17 @@ applied once (invariant 9); Ctrl-C stops every service."""
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
+import httpx
 
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
-from tests.harness import SERVICES, log_records, next_event, start_and_wait_for_approval
+from tests.harness import SERVICES, free_port, log_records, next_event, start_and_wait_for_approval
 
 
 def ready_pids(log_dir, service):
@@ -56,16 +58,39 @@ class Output:
         return "".join(self.lines)
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def readyz(url: str) -> int:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=3).status_code
+    except httpx.HTTPError:
+        return 0
+
+
 async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_response_is_applied_once(
         pg_deployment, sink):
     deployment = pg_deployment
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="tok")
+    # Four metrics ports in a row, one per child: the first of four free ones.
+    base = next(p for p in iter(free_port, None) if p < 65000 and all(port_free(p + i) for i in range(4)))
+    deployment.extra_env["SIGNOFF_METRICS_PORT"] = str(base)
     logs = deployment.data_dir / "up-logs"
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
         await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 60, "all four ready")
+        for index, service in enumerate(SERVICES):  # each child on its own port, printed
+            url = f"http://127.0.0.1:{base + index}"
+            assert f"signoff: {service} metrics {url}/metrics, health {url}/readyz\n" in output.lines
+            await asyncio.to_thread(wait_until, lambda url=url: readyz(url) == 200, 10, f"{service} /readyz")
         async with deployment.console() as console:
             events, requested = await start_and_wait_for_approval(console, mint("ses"))
             [ledger] = ready_pids(logs, "approval-ledger")
@@ -80,6 +105,8 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
         restarts = [line for line in output.lines if line.startswith("signoff: approval-ledger exited")]
         assert restarts == [f"signoff: approval-ledger exited with -9; restarting (log: {logs}/approval-ledger.log)\n"] * 2
         assert sink.counts["/sink"] == 1, "the approved call ran once"
+        # The restarted ledger serves on its port again.
+        await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 10, "the new ledger's /readyz")
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0, output.text

@@ -1,0 +1,226 @@
+"""`signoff status`: one table an on-call engineer reads: each service replica (ready or
+not, from its /readyz), each queue of the deployment (depth, unacknowledged, consumers,
+from RabbitMQ's management API), the relay's lag, the approvals waiting and the oldest,
+and the parked messages. Exits 1 when something needs a person, naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from services.approval_ledger.backlog import Backlog, measure
+from services.warm_start import SERVICES
+from shared.catalogue import load_catalogue
+from shared.ledger.database import create_engine
+from shared.messages import now
+from shared.observability import know_tools
+from shared.provisioning import management_api, vhost_in_path
+from shared.settings import Settings
+from shared.topology import Topology
+
+# Past these, a person should look (the alert rules use the same: deploy/prometheus/alerts.yml).
+RELAY_LAG_LIMIT = 30.0
+EXPIRY_WARNING = 900.0
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str
+    ready: bool
+    said: str
+
+
+@dataclass
+class QueueState:
+    name: str
+    ready: int
+    unacked: int
+    consumers: int
+
+
+@dataclass
+class Status:
+    replicas: list[Replica] = field(default_factory=list)
+    queues: list[QueueState] = field(default_factory=list)
+    queues_error: str | None = None
+    backlog: Backlog | None = None
+    backlog_error: str | None = None
+    at: datetime = field(default_factory=now)
+
+    def needs_a_person(self, topology: Topology) -> list[str]:
+        """What is wrong, one sentence each; empty: nothing."""
+        wrong = [f"{r.name} at {r.url} is not ready ({r.said})" for r in self.replicas if not r.ready]
+        if self.queues_error:
+            wrong.append(f"the queues cannot be read: {self.queues_error}")
+        for queue in self.queues:
+            if queue.name == topology.dead_letter_queue.name:
+                if queue.ready + queue.unacked:
+                    wrong.append(f"{queue.ready + queue.unacked} parked message(s): see `signoff dead-letters`")
+            elif queue.consumers == 0:
+                wrong.append(f"nobody consumes {queue.name} ({queue.ready} waiting)")
+        if self.backlog_error:
+            wrong.append(f"the ledger cannot be read: {self.backlog_error}")
+        if self.backlog is not None:
+            lag = _age(self.backlog.oldest_unsent, self.at)
+            if lag > RELAY_LAG_LIMIT:
+                wrong.append(f"the relay is {lag:.0f} s behind ({self.backlog.unsent} unsent): is a publisher leading?")
+            for tool, (_, _, soonest) in sorted(self.backlog.pending.items()):
+                if soonest is not None and (soonest - self.at).total_seconds() < EXPIRY_WARNING:
+                    left = (soonest - self.at).total_seconds()
+                    wrong.append(f"an approval for {tool} expires in {left:.0f} s: answer it (`signoff pending`)")
+        return wrong
+
+
+def _age(since: datetime | None, at: datetime) -> float:
+    return max(0.0, (at - since).total_seconds()) if since else 0.0
+
+
+def targets(settings: Settings) -> list[tuple[str, str]]:
+    """(name, base URL) of each replica to ask: SIGNOFF_STATUS_TARGETS, else the four of `signoff up`."""
+    if settings.status_targets.strip():
+        pairs = []
+        for item in settings.status_targets.split(","):
+            name, _, url = item.strip().partition("=")
+            pairs.append((name.strip(), url.strip().rstrip("/")))
+        return pairs
+    if not settings.metrics_port:
+        return []
+    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "") else settings.metrics_host
+    return [(service, f"http://{host}:{settings.metrics_port + i}") for i, service in enumerate(SERVICES)]
+
+
+async def _replica(http: httpx.AsyncClient, name: str, url: str) -> Replica:
+    try:
+        answer = await http.get(f"{url}/readyz", timeout=3)
+    except httpx.HTTPError as error:
+        return Replica(name, url, False, f"no answer: {type(error).__name__}")
+    failing = [line.split(":")[0] for line in answer.text.splitlines() if line.endswith("not ready")]
+    said = "ready" if answer.status_code == 200 else f"{', '.join(failing) or answer.status_code} not ready"
+    return Replica(name, url, answer.status_code == 200, said)
+
+
+async def _queues(settings: Settings, topology: Topology) -> list[QueueState]:
+    wanted = topology.all_queue_names()
+    async with management_api(settings) as api:
+        answer = await api.get(
+            f"/queues/{vhost_in_path(settings)}",
+            params={"columns": "name,messages_ready,messages_unacknowledged,consumers"},
+        )
+        answer.raise_for_status()
+    found = {q["name"]: q for q in answer.json()}
+    return [
+        QueueState(
+            name,
+            int(found.get(name, {}).get("messages_ready") or 0),
+            int(found.get(name, {}).get("messages_unacknowledged") or 0),
+            int(found.get(name, {}).get("consumers") or 0),
+        )
+        for name in wanted
+    ]
+
+
+async def replicas_of(name: str, url: str) -> list[tuple[str, str]]:
+    """Every replica behind a target: a host name that resolves to several addresses (a
+    compose service, a Kubernetes headless service) is asked at each of them."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host == "localhost" or not host or host.replace(".", "").isdigit() or ":" in host:
+        return [(name, url)]
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, parts.port, type=socket.SOCK_STREAM)
+    except OSError:
+        return [(name, url)]
+    addresses = sorted({info[4][0] for info in found})
+    if len(addresses) <= 1:
+        return [(name, url)]
+    return [(name, urlunsplit((parts.scheme, f"{a}:{parts.port}", "", "", ""))) for a in addresses]
+
+
+async def gather(settings: Settings) -> Status:
+    status = Status()
+    topology = Topology(settings.namespace, settings.delivery_limit)
+    asked = [pair for n, u in targets(settings) for pair in await replicas_of(n, u)]
+    async with httpx.AsyncClient() as http:
+        status.replicas = list(await asyncio.gather(*(_replica(http, n, u) for n, u in asked)))
+    try:
+        status.queues = await _queues(settings, topology)
+    except (httpx.HTTPError, ValueError) as error:
+        status.queues_error = f"{type(error).__name__}: {error}"
+    try:
+        know_tools([spec.name for spec in load_catalogue(settings.tools_file).tools])
+        engine = create_engine(settings, identity="console", pool_size=1)
+        try:
+            status.backlog = await asyncio.wait_for(measure(engine), 10)
+        finally:
+            await engine.dispose()
+    except (Exception, SystemExit) as error:
+        status.backlog_error = f"{type(error).__name__}: {error}"
+    status.at = now()
+    return status
+
+
+def _duration(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def render(status: Status, topology: Topology) -> str:
+    lines = [f"{'SERVICE':<20} {'ADDRESS':<28} STATE"]
+    if not status.replicas:
+        lines.append("(none asked: SIGNOFF_METRICS_PORT is 0 and SIGNOFF_STATUS_TARGETS is empty)")
+    for r in status.replicas:
+        lines.append(f"{r.name:<20} {r.url:<28} {'ready' if r.ready else 'NOT READY: ' + r.said}")
+    lines.append("")
+    lines.append(f"{'QUEUE':<44} {'READY':>7} {'UNACKED':>8} {'CONSUMERS':>10}")
+    if status.queues_error:
+        lines.append(f"(cannot read the queues: {status.queues_error})")
+    for q in status.queues:
+        lines.append(f"{q.name:<44} {q.ready:>7} {q.unacked:>8} {q.consumers:>10}")
+    lines.append("")
+    backlog = status.backlog
+    if backlog is None:
+        lines.append(f"ledger: cannot be read ({status.backlog_error})")
+    else:
+        lag = _age(backlog.oldest_unsent, status.at)
+        lines.append(f"relay lag            {_duration(lag)} ({backlog.unsent} outbox rows unsent)")
+        waiting = sum(n for n, _, _ in backlog.pending.values())
+        oldest = min((o for _, o, _ in backlog.pending.values() if o), default=None)
+        soonest = min((s for _, _, s in backlog.pending.values() if s), default=None)
+        said = f"approvals waiting    {waiting}"
+        if oldest is not None:
+            said += f" (oldest {_duration(_age(oldest, status.at))}"
+            said += f", first expires in {_duration((soonest - status.at).total_seconds())})" if soonest else ")"
+        lines.append(said)
+        for tool, (n, _, _) in sorted(backlog.pending.items()):
+            lines.append(f"  {tool:<18} {n}")
+        undelivered = sum(n for n, _ in backlog.undelivered.values())
+        if undelivered:
+            lines.append(f"hooks undelivered    {undelivered}")
+    parked = next((q for q in status.queues if q.name == topology.dead_letter_queue.name), None)
+    if parked is not None:
+        lines.append(f"dead letters         {parked.ready + parked.unacked}")
+    wrong = status.needs_a_person(topology)
+    lines.append("")
+    if wrong:
+        lines.append("NEEDS A PERSON:")
+        lines.extend(f"  - {w}" for w in wrong)
+    else:
+        lines.append("all well")
+    return "\n".join(lines)
+
+
+async def show_status(settings: Settings) -> int:
+    status = await gather(settings)
+    topology = Topology(settings.namespace, settings.delivery_limit)
+    print(render(status, topology))
+    return 1 if status.needs_a_person(topology) else 0

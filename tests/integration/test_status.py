@@ -1,0 +1,74 @@
+"""`signoff status` on a healthy deployment (all ready, every queue consumed, exit 0) and
+on a degraded one (a service killed, a message parked: exit 1, each named)."""
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import aio_pika
+
+from shared.settings import PROJECT_ROOT
+from shared.messages import mint
+from tests.harness import SERVICES, free_port, start_and_wait_for_approval
+
+
+def status(deployment) -> subprocess.CompletedProcess:
+    env = deployment.env()
+    env["SIGNOFF_STATUS_TARGETS"] = ",".join(
+        f"{service}=http://127.0.0.1:{port}" for service, port in deployment.metrics_ports.items()
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "status"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=60,
+    )
+
+
+async def until(check, what: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = await asyncio.to_thread(status, check.deployment)
+        if check(shown):
+            return shown
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not shown within {timeout}s:\n{shown.stdout}{shown.stderr}")
+        await asyncio.sleep(0.5)
+
+
+async def test_status_says_all_is_well_then_names_what_needs_a_person(deployment):
+    deployment.metrics_ports = {service: free_port() for service in SERVICES}
+    deployment.extra_env["SINK_URL"] = "http://127.0.0.1:9"
+    deployment.start()
+    ns = deployment.namespace
+    async with deployment.console() as console:  # a person is asked: normal, nothing wrong
+        await start_and_wait_for_approval(console, mint("ses"))
+
+    def healthy(shown):
+        return shown.returncode == 0
+
+    healthy.deployment = deployment
+    shown = await until(healthy, "a healthy deployment")
+    out = shown.stdout
+    for service in SERVICES:
+        assert f"{service:<20} http://127.0.0.1:{deployment.metrics_ports[service]}" in out
+    assert "NOT READY" not in out and out.rstrip().endswith("all well")
+    assert f"{ns}.ledger.turns" in out and f"{ns}.tool-executor.requests" in out
+    assert "relay lag" in out and "dead letters         0" in out
+    assert "approvals waiting    1 (oldest " in out and "first expires in " in out
+    assert "  post_to_sink       1" in out
+
+    deployment.kill("model-step")
+    async with deployment.console() as console:
+        exchange = await console.channel.get_exchange(f"{ns}.channels")
+        await exchange.publish(aio_pika.Message(b"{not json", message_id="garbage"), routing_key="approval.respond")
+
+    def degraded(shown):
+        return shown.returncode == 1 and "parked message" in shown.stdout and "nobody consumes" in shown.stdout
+
+    degraded.deployment = deployment
+    shown = await until(degraded, "a degraded deployment")
+    out = shown.stdout
+    assert "model-step           " in out and "NOT READY: no answer" in out
+    assert f"nobody consumes {ns}.model-step.requests" in out
+    assert "1 parked message(s): see `signoff dead-letters`" in out
+    assert "dead letters         1" in out
