@@ -18,7 +18,7 @@ from faststream.rabbit import RabbitBroker, RabbitMessage
 from faststream.rabbit.schemas import Channel
 from pydantic import TypeAdapter
 
-from shared import faults
+from shared import faults, redaction
 from shared.consuming import Inbound
 from shared.dead_letters import ParkedMessage, describe
 from shared.settings import Settings
@@ -65,6 +65,8 @@ def configure_logging(name: str) -> None:
         level=os.environ.get("SIGNOFF_LOG_LEVEL", "INFO").upper(),
         format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
+    # Every line, tracebacks included, without a known secret or a credential's shape.
+    redaction.redact_logs()
 
 
 class Runtime:
