@@ -27,6 +27,9 @@ from shared.catalogue import resolve_secrets as resolve
 from shared.messages import Outcome
 from shared.redaction import redact_text, redact_url, redact_value
 
+# A call's error as reported, recorded and said to the model: enough to say why.
+ERROR_CHARS = 1000
+
 
 @dataclass(frozen=True)
 class ToolContext:
@@ -73,7 +76,8 @@ async def run_tool(
     return ToolResult(
         result.outcome,
         redact_value(result.output, secrets) if result.output is not None else None,
-        redact_text(result.error, secrets) if result.error is not None else None,
+        # Cut after hiding: a secret cut in two would no longer be found.
+        redact_text(result.error, secrets)[:ERROR_CHARS] if result.error is not None else None,
     )
 
 
@@ -189,9 +193,8 @@ async def _run_http(
         body = response.text[:10_000]
     if response.is_success:
         return ToolResult("output", {"status": response.status_code, "body": body})
-    # The receiver's answer, its secrets hidden (`run_tool`), and short: enough to say why.
-    answer = redact_text(str(body), spec.secret_values(arguments))[:500]
-    return ToolResult("error", error=f"HTTP {response.status_code} from {shown}: {answer}")
+    # The receiver's answer, its secrets hidden and cut short by `run_tool`: enough to say why.
+    return ToolResult("error", error=f"HTTP {response.status_code} from {shown}: {body}")
 
 
 def _why(error: Exception, url: str) -> str:

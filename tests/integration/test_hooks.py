@@ -19,12 +19,12 @@ from shared.ledger.tables import HookDelivery
 from shared.messages import TurnCompleted, mint, now
 from shared.topology import Topology
 from tests.harness import eventually, rows
-from tests.sink import Sink
+from tests.sink import HOOK_SECRET, Sink
 
 
 def configure(deployment, tmp_path, *hooks: dict) -> None:
     path = tmp_path / "hooks.yaml"
-    path.write_text(json.dumps({"hooks": [{"events": ["turn.completed"], "secret": "s3cret", **h} for h in hooks]}))
+    path.write_text(json.dumps({"hooks": [{"events": ["turn.completed"], "secret": HOOK_SECRET, **h} for h in hooks]}))
     deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(path)
 
 
