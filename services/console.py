@@ -362,6 +362,7 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                             say("the model asked for a tool that needs approval; the card a person sees:")
                             print_card(event.request_id, event.card.model_dump(), event.args_digest)
                             say(f"session is waiting on {', '.join(event.pending_request_ids)}")
+                            # What `signoff approve` does once a person has read this card and said yes.
                             say(f"approving {event.request_id}")
                             await console.respond(event.request_id, "approve", "", "", "demo")
                         elif event.type == "approval.decided":

@@ -71,6 +71,11 @@ _QUERY_VALUE = re.compile(r"([?&][^=&#]*)=([^&#]*)")
 # Shorter than this, a known value is too likely to be an ordinary word to scrub.
 _MIN_KNOWN = 4
 
+# A parked body's fields kept as they are: ids Signoff mints or checks, never a secret.
+_ENVELOPE_IDS = frozenset(
+    {"type", "message_id", "session_id", "causation_id", "call_id", "step_id", "turn_id", "request_id"}
+)
+
 _known: set[str] = set()
 
 
@@ -177,9 +182,13 @@ def redact_message_body(body: bytes, secrets: Iterable[str] = ()) -> bytes:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return redact_text(body.decode("utf-8", "replace"), secrets).encode()
     try:
-        return json.dumps(_hide_arguments(redact_value(value, secrets))).encode()
+        shown = _hide_arguments(redact_value(value, secrets))
     except RecursionError:
         return b'"(too deep to redact)"'
+    if isinstance(value, dict) and isinstance(shown, dict):
+        # The envelope's ids as they were: the ledger finds the turn a parked message stalled by them.
+        shown.update({k: v for k, v in value.items() if k in _ENVELOPE_IDS and isinstance(v, str)})
+    return json.dumps(shown).encode()
 
 
 def _hide_arguments(value: Any) -> Any:
