@@ -143,8 +143,8 @@ MUTATIONS = [
   ("hooks get commands too ('*' matches tool.execute and step.requested)", "services/publisher/hooks.py",
    "        return event_type in EVENT_TYPES and any(",
    "        return any(",
-   "tests/unit/test_hooks.py::test_every_event_pattern_matches_events_only_and_never_a_command_the_publisher_relays "
-   "tests/integration/test_secrets.py::test_a_canary_secret_reaches_the_target_and_nothing_else_through_approval_failure_retry_and_dead_letters[sqlite]"),
+   "tests/integration/test_secrets.py::test_a_canary_secret_reaches_the_target_and_nothing_else_through_approval_failure_retry_and_dead_letters[sqlite] "
+   "tests/unit/test_hooks.py::test_every_event_pattern_matches_events_only_and_never_a_command_the_publisher_relays"),
   ("the executor reports a failing target's answer unredacted", "services/tool_executor/tools.py",
    "        redact_text(result.error, secrets)[:ERROR_CHARS] if result.error is not None else None,",
    "        result.error[:ERROR_CHARS] if result.error is not None else None,",
@@ -174,8 +174,8 @@ MUTATIONS = [
   ("declared secrets (format: password, writeOnly, x-signoff-secret) ignored", "shared/redaction.py",
    '    return isinstance(schema, dict) and (',
    '    return False and (',
-   "tests/unit/test_redaction.py "
-   "tests/integration/test_secrets.py::test_a_canary_secret_reaches_the_target_and_nothing_else_through_approval_failure_retry_and_dead_letters[sqlite]"),
+   "tests/integration/test_secrets.py::test_a_canary_secret_reaches_the_target_and_nothing_else_through_approval_failure_retry_and_dead_letters[sqlite] "
+   "tests/unit/test_redaction.py"),
   ("schema-validation errors echo the value", "shared/catalogue.py",
    "                errors.append(f\"{where or '(arguments)'}: {_rule_broken(error)}\")",
    "                errors.append(f\"{where or '(arguments)'}: {error.message}\")",
