@@ -328,7 +328,7 @@ def demo(settings: Settings) -> int:
         print("\nThe services keep running. In another terminal, with the same environment:")
         print("  .venv/bin/signoff session start 'Publish the notes for 1.3' --wait   # prints the session id")
         print("  .venv/bin/signoff pending                                           # shows the approval card")
-        print("  .venv/bin/signoff approve apr_…   (or: signoff deny apr_… --reason '…')")
+        print("  .venv/bin/signoff approve apr_…   (shows the card, asks y/N; or: signoff deny apr_… --reason '…')")
         print("  .venv/bin/signoff session show ses_…")
         print("Ctrl-C stops the services.", flush=True)
         while True:
