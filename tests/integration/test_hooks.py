@@ -9,9 +9,9 @@ import json
 import threading
 from contextlib import contextmanager
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sqlalchemy import insert
 
