@@ -12,7 +12,6 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from sqlalchemy import insert
 
 from services.approval_ledger.unit_of_work import UnitOfWork
