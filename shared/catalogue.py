@@ -27,8 +27,9 @@ from shared.messages import ApprovalCard, ToolDescription
 from shared.redaction import REDACTED, redact_arguments, redact_url
 
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-# JSON Schema keywords that say how an object takes properties it does not list.
-_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+# JSON Schema keywords that say how an object takes properties it does not list
+# (`patternProperties` alone does not: with it, what matches no pattern is still refused).
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties")
 # An `approvers` entry that names a group of the catalogue's `groups:` rather than a principal.
 GROUP_PREFIX = "group:"
 
