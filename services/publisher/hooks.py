@@ -44,7 +44,7 @@ from shared import faults
 from shared.catalogue import MissingSecret, resolve_secrets
 from shared.ledger.tables import TABLES, HookDelivery
 from shared.messages import EVENT_TYPES, now
-from shared.redaction import redact_text
+from shared.redaction import redact_text, remember
 from signoff.hooks import MIN_SECRET_BYTES, sign
 
 from .leadership import Leadership, LeadershipLost
@@ -98,6 +98,7 @@ class Hook(BaseModel):
             raise ValueError(
                 f"the secret is shorter than {MIN_SECRET_BYTES} bytes; use a random one (openssl rand -hex 32)"
             )
+        remember(secret)  # written in the file rather than the environment: still never logged
         return secret
 
     def wants(self, event_type: str) -> bool:
