@@ -132,6 +132,9 @@ async def run_and_look_everywhere(deployment, sink, receiver, tmp_path, canary: 
 
         seen = {"events": [event.model_dump_json() async for event in drain_events(everything, settle=1.0)]}
         assert len(seen["events"]) >= 8
+        listing = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        assert forged.message_id in listing and "unauthorized" in listing
+        seen["dead-letters listing"] = [listing]
         dead = await console.channel.get_queue(f"{deployment.namespace}.dead-letters", ensure=False)
         parked = []
         while (message := await dead.get(no_ack=True, fail=False)) is not None:
@@ -157,7 +160,6 @@ async def run_and_look_everywhere(deployment, sink, receiver, tmp_path, canary: 
             select(TranscriptRow).where(TranscriptRow.session_id == session_id))).all()]
     assert any("chat_key" in entry for entry in seen["transcript"])
     seen["session show"] = [await asyncio.to_thread(signoff, deployment, "session", "show", session_id)]
-    seen["dead-letters listing"] = [await asyncio.to_thread(signoff, deployment, "dead-letters")]
     seen["service logs"] = [path.read_text(errors="replace") for path in (deployment.data_dir / "logs").glob("*.log")]
     assert len(seen["service logs"]) == 4
 
