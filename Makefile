@@ -23,8 +23,8 @@ run: $(STAMP)
 # Style, types and formatting of the services and shared code; the import
 # contracts are a unit test (tests/unit/test_import_contracts.py).
 lint: $(STAMP)
-	$(BIN)/ruff check services shared
-	$(BIN)/ruff format --check services shared
+	$(BIN)/ruff check services shared signoff
+	$(BIN)/ruff format --check services shared signoff
 	$(BIN)/mypy
 
 # The channel adapters' contract (AsyncAPI), generated from the code; a unit test

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     approve.add_argument("request_id")
     approve.add_argument("--message", default="", help="a note for the model, sent with the decision")
     approve.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
+    approve.add_argument("--yes", action="store_true", help="approve without being shown the card and asked")
     deny = commands.add_parser("deny", help="deny a request")
     deny.add_argument("request_id")
     deny.add_argument("--reason", required=True)
@@ -100,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "pending":
             return asyncio.run(console.list_pending(settings, args.session))
         if args.command == "approve":
-            return asyncio.run(console.respond(settings, args.request_id, "approve", "", args.message, args.responder))
+            return asyncio.run(
+                console.respond(
+                    settings, args.request_id, "approve", "", args.message, args.responder, confirm=not args.yes
+                )
+            )
         if args.command == "deny":
             return asyncio.run(console.respond(settings, args.request_id, "deny", args.reason, "", args.responder))
         if args.command == "cancel":

@@ -24,6 +24,7 @@ from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow, Turn
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
 from shared.provisioning import provision_broker, provision_database
+from shared.redaction import redact_text, redact_value
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
 from shared.signatures import sign
@@ -108,9 +109,11 @@ class Console:
 def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
     print(f"  ┌ approval needed: {card['label']}  ({card['tool']}, effect: {card['effect']})")
     print(f"  │ request:   {request_id}")
-    print(f"  │ target:    {card['target']}")
-    for line in json.dumps(card["arguments"], indent=2, ensure_ascii=False).splitlines():
+    print(f"  │ target:    {redact_text(card['target'])}")
+    for line in json.dumps(redact_value(card["arguments"]), indent=2, ensure_ascii=False).splitlines():
         print(f"  │ {line}")
+    if card.get("hidden"):
+        print(f"  │ hidden:    {', '.join(card['hidden'])} (secret: withheld from everyone but the executor)")
     print(f"  └ digest:    {digest}")
 
 
@@ -178,11 +181,12 @@ async def show_session(settings: Settings, session_id: str) -> int:
             ):
                 entry = row.entry
                 calls = "".join(
-                    f"\n      → {c['name']}({json.dumps(c['arguments'])}) [{c['call_id']}]"
+                    f"\n      → {c['name']}({json.dumps(redact_value(c['arguments']))}) [{c['call_id']}]"
                     for c in entry.get("tool_calls", [])
                 )
                 closure = f" [{entry['closure']} for {entry['call_id']}]" if entry.get("closure") else ""
-                print(f"  {row.position:3d} {entry['role']:9s}{closure} {entry.get('text', '')}{calls}")
+                text = redact_text(entry.get("text", ""))
+                print(f"  {row.position:3d} {entry['role']:9s}{closure} {text}{calls}")
             pending = (
                 await db.scalars(
                     select(ApprovalRequest).where(
@@ -223,16 +227,37 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
 
 
 async def respond(
-    settings: Settings, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str, responder: str
+    settings: Settings,
+    request_id: str,
+    decision: Literal["approve", "deny"],
+    reason: str,
+    message: str,
+    responder: str,
+    *,
+    confirm: bool = False,
 ) -> int:
+    """Send a decision; with `confirm`, first show the card and ask (a person approves
+    what they saw, not an id)."""
     async with Console(settings) as console:
         request = await console.request(request_id)
         if request is not None and request.status != "pending":
             print(f"signoff: request {request_id} is already {request.status}", file=sys.stderr)
             return 1
+        if confirm and request is not None:
+            print_card(request.id, request.card, request.args_digest)
+            if not _confirmed(f"{decision} {request_id} as {responder}? [y/N] "):
+                print(f"signoff: not sent; nothing was decided for {request_id}", file=sys.stderr)
+                return 1
         message_id = await console.respond(request_id, decision, reason, message, responder)
         print(f"{decision} sent for {request_id} (message {message_id})")
     return 0
+
+
+def _confirmed(question: str) -> bool:
+    """A person's yes at the terminal; no terminal, or anything but yes, is a no."""
+    print(question, end="", flush=True)
+    answer = sys.stdin.readline() if sys.stdin is not None else ""
+    return answer.strip().lower() in ("y", "yes")
 
 
 async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
@@ -284,7 +309,7 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
                 raw = await queue.get(no_ack=False, fail=False)
                 if raw is None:  # parked messages were taken meanwhile
                     break
-                print(describe_parked(raw.message_id, raw.body, raw.headers).line())
+                print(redact_text(describe_parked(raw.message_id, raw.body, raw.headers).line()))
             if total > limit:
                 print(f"(the first {limit} shown; --limit shows more)")
         finally:
@@ -303,7 +328,7 @@ def demo(settings: Settings) -> int:
         print("\nThe services keep running. In another terminal, with the same environment:")
         print("  .venv/bin/signoff session start 'Publish the notes for 1.3' --wait   # prints the session id")
         print("  .venv/bin/signoff pending                                           # shows the approval card")
-        print("  .venv/bin/signoff approve apr_…   (or: signoff deny apr_… --reason '…')")
+        print("  .venv/bin/signoff approve apr_…   (shows the card, asks y/N; or: signoff deny apr_… --reason '…')")
         print("  .venv/bin/signoff session show ses_…")
         print("Ctrl-C stops the services.", flush=True)
         while True:
@@ -337,6 +362,7 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                             say("the model asked for a tool that needs approval; the card a person sees:")
                             print_card(event.request_id, event.card.model_dump(), event.args_digest)
                             say(f"session is waiting on {', '.join(event.pending_request_ids)}")
+                            # What `signoff approve` does once a person has read this card and said yes.
                             say(f"approving {event.request_id}")
                             await console.respond(event.request_id, "approve", "", "", "demo")
                         elif event.type == "approval.decided":

@@ -7,24 +7,29 @@ model-step for the descriptions it offers the model.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared import redaction
 from shared.messages import ApprovalCard, ToolDescription
+from shared.redaction import REDACTED, redact_arguments, redact_url
 
-REDACTED = "***redacted***"
-_SECRET_NAME = re.compile(
-    r"(pass(word)?|secret|token|api[_-]?key|authori[sz]ation|credential|cookie|private[_-]?key)", re.I
-)
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+# JSON Schema keywords that say how an object takes properties it does not list
+# (`patternProperties` alone does not: with it, what matches no pattern is still refused).
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties")
 # An `approvers` entry that names a group of the catalogue's `groups:` rather than a principal.
 GROUP_PREFIX = "group:"
 
@@ -82,38 +87,72 @@ class ToolSpec(BaseModel):
     escalation: Escalation | None = None
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
 
+    @cached_property
+    def closed_parameters(self) -> dict[str, Any]:
+        """The parameters as checked, shown and offered to the model: closed by default,
+        so an argument the schema does not list is refused before anyone is asked (an
+        object that declares `additionalProperties` or its kin keeps its own rule)."""
+        return closed(self.parameters)
+
+    def argument_problems(self, arguments: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """(arguments the schema does not take, other errors). Each error names the
+        path and the rule broken, never the value: a secret that is too short must
+        not be repeated in the closure, the event, the transcript or a hook."""
+        validator = jsonschema.Draft202012Validator(self.closed_parameters)
+        unexpected: list[str] = []
+        errors: list[str] = []
+        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
+            where = "/".join(map(str, error.absolute_path))
+            if error.validator in ("additionalProperties", "unevaluatedProperties") and isinstance(
+                error.instance, dict
+            ):
+                unexpected += [f"{where}/{name}" if where else name for name in _unlisted(error.instance, error.schema)]
+            else:
+                errors.append(f"{where or '(arguments)'}: {_rule_broken(error)}")
+        return unexpected, errors
+
     def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
-        validator = jsonschema.Draft202012Validator(self.parameters)
-        return [
-            f"{'/'.join(map(str, e.absolute_path)) or '(arguments)'}: {e.message}"
-            for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-        ]
+        unexpected, errors = self.argument_problems(arguments)
+        return [f"{name}: not a parameter of this tool" for name in unexpected] + errors
 
     def target_of(self, arguments: dict[str, Any]) -> str:
-        """Host, path or account the call touches; credentials never appear."""
+        """What the call touches, rendered by the executor's own rules (`http_request`)
+        from the declaration, its secrets hidden and `${env:…}` left as written: the
+        ledger's environment is not the executor's, and its values may be secrets."""
+        shown, _ = redact_arguments(arguments, self.closed_parameters)
         if self.target:
-            return _render(self.target, redact(arguments))
+            return _render(self.target, shown)
         if isinstance(self.implementation, HttpImplementation):
-            url = _render(resolve_secrets(self.implementation.url), redact(arguments))
-            parts = urlsplit(url)
-            port = f":{parts.port}" if parts.port else ""
-            return f"{self.implementation.method.upper()} {parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
+            return shown_request(self.implementation, shown)
         if isinstance(self.implementation, PythonImplementation):
             return f"python {self.implementation.function}"
         return "(no implementation)"
 
     def card(self, arguments: dict[str, Any]) -> ApprovalCard:
+        shown, hidden = redact_arguments(arguments, self.closed_parameters)
         return ApprovalCard(
             tool=self.name,
             label=self.label,
             description=self.description,
-            arguments=redact(arguments),
+            arguments=shown,
             target=self.target_of(arguments),
             effect=self.effect,
+            hidden=hidden,
         )
 
+    def shown_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments as anyone but the executor may see them (card, transcript)."""
+        shown, _ = redact_arguments(arguments, self.closed_parameters)
+        return shown
+
+    def secret_values(self, arguments: dict[str, Any]) -> list[str]:
+        """This call's hidden argument values: its errors and output must not repeat them."""
+        return redaction.secret_values(arguments, self.closed_parameters)
+
     def description_for_model(self) -> ToolDescription:
-        return ToolDescription(name=self.name, description=self.description or self.label, parameters=self.parameters)
+        return ToolDescription(
+            name=self.name, description=self.description or self.label, parameters=self.closed_parameters
+        )
 
 
 class ToolCatalogue(BaseModel):
@@ -164,6 +203,16 @@ class ToolCatalogue(BaseModel):
     def get(self, name: str) -> ToolSpec | None:
         return self.by_name.get(name)
 
+    def env_references(self) -> set[str]:
+        """The environment variables the http tools read (`${env:NAME}` in a URL or header)."""
+        return {
+            name
+            for tool in self.tools
+            if isinstance(tool.implementation, HttpImplementation)
+            for text in (tool.implementation.url, *tool.implementation.headers.values())
+            for name in env_references(text)
+        }
+
     def descriptions(self) -> list[ToolDescription]:
         return [t.description_for_model() for t in self.tools]
 
@@ -176,24 +225,120 @@ def load_catalogue(path: Path) -> ToolCatalogue:
     return ToolCatalogue.model_validate(data or {"tools": []})
 
 
-def redact(value: Any, key: str = "") -> Any:
-    if key and _SECRET_NAME.search(key):
-        return REDACTED
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a JSON schema in which every object that does not say how it takes
+    unlisted properties takes none (`additionalProperties: false`). Branches of
+    `allOf`, `anyOf` and `oneOf` are left as declared: closing each branch of a
+    composition would refuse what the whole allows."""
+
+    def close(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        for keyword in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+            if isinstance(node.get(keyword), dict):
+                node[keyword] = {name: close(sub) for name, sub in node[keyword].items()}
+        for keyword in ("items", "additionalProperties", "contains", "not", "if", "then", "else"):
+            if isinstance(node.get(keyword), dict):
+                node[keyword] = close(node[keyword])
+        if isinstance(node.get("prefixItems"), list):
+            node["prefixItems"] = [close(sub) for sub in node["prefixItems"]]
+        is_object = node.get("type") == "object" or "properties" in node
+        if is_object and not any(k in node for k in (*_OPEN_KEYWORDS, "allOf", "anyOf", "oneOf", "$ref")):
+            node["additionalProperties"] = False
+        return node
+
+    return close(copy.deepcopy(schema))
+
+
+def _unlisted(instance: dict[str, Any], schema: Any) -> list[str]:
+    """The property names an object schema neither lists nor matches by pattern."""
+    schema = schema if isinstance(schema, dict) else {}
+    listed = schema.get("properties") or {}
+    patterns = list(schema.get("patternProperties") or {})
+    return [str(n) for n in instance if n not in listed and not any(re.search(p, str(n)) for p in patterns)]
+
+
+def _rule_broken(error: jsonschema.ValidationError) -> str:
+    """What an argument must be, from the schema alone (the value is never quoted)."""
+    rule, expected = error.validator, error.validator_value
+    if rule == "required":
+        missing = [name for name in expected if isinstance(error.instance, dict) and name not in error.instance]
+        return "missing required " + ", ".join(repr(n) for n in missing)
+    if rule == "type":
+        return f"must be of type {json.dumps(expected)}"
+    if rule in ("enum", "const"):
+        return f"must be {'one of ' if rule == 'enum' else ''}{json.dumps(expected)[:200]}"
+    if rule == "format" and expected == "password":
+        return "must be a password"
+    return f"must satisfy {rule}: {json.dumps(expected, default=str)[:200]}"
 
 
 def _render(template: str, arguments: dict[str, Any]) -> str:
     return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: str(arguments.get(m.group(1), m.group(0))), template)
 
 
-def resolve_secrets(value: str) -> str:
-    """Replace `${env:NAME}` with the environment's value, at call time only."""
-    return _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), value)
+class MissingSecret(Exception):
+    """A `${env:NAME}` reference whose variable is not set: an error, never an empty string."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"${{env:{name}}} is not set in this process's environment")
+        self.name = name
 
 
-def render_url(template: str, arguments: dict[str, Any]) -> str:
-    return _render(template, arguments)
+def resolve_secrets(value: str, environ: Mapping[str, str] | None = None) -> str:
+    """Replace `${env:NAME}` with the environment's value, at call time only; an unset
+    one raises MissingSecret. Each value is remembered as a secret (never logged)."""
+    environ = os.environ if environ is None else environ
+
+    def value_of(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise MissingSecret(name)
+        redaction.remember(environ[name])
+        return environ[name]
+
+    return _ENV_REF.sub(value_of, value)
+
+
+def env_references(value: str) -> list[str]:
+    return _ENV_REF.findall(value)
+
+
+def shown_request(implementation: HttpImplementation, shown_arguments: dict[str, Any]) -> str:
+    """`METHOD url` of an http tool's call as anyone but the executor may see it: from
+    the arguments with their secrets hidden, `${env:…}` left as written, the URL's
+    user-info and query values hidden, no fragment (it is never sent)."""
+    request = http_request(implementation, shown_arguments, env=lambda name: f"${{env:{name}}}")
+    return f"{request.method} {redact_url(request.url.split('#', 1)[0])}"
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    url: str
+    headers: dict[str, str]
+    params: dict[str, Any] | None
+    json: dict[str, Any] | None
+
+
+def http_request(
+    implementation: HttpImplementation, arguments: dict[str, Any], *, env: Callable[[str], str]
+) -> HttpRequest:
+    """The request an http tool makes, from its declaration: `${env:NAME}` filled by
+    `env` first (the executor: its environment; the card: the reference as written),
+    then each `{argument}` placeholder of the URL with the argument, quoted; the other
+    arguments go in the query (GET, DELETE) or the JSON body. The card and the call
+    are rendered by this one function, so the card shows the request that is made."""
+    url = _ENV_REF.sub(lambda m: env(m.group(1)), implementation.url)
+    used = set()
+    for key, value in arguments.items():
+        if "{" + key + "}" in url:
+            # A hidden value is shown as the marker, not as its percent-encoding.
+            url = url.replace("{" + key + "}", REDACTED if value == REDACTED else quote(str(value), safe=""))
+            used.add(key)
+    rest = {k: v for k, v in arguments.items() if k not in used}
+    headers = {k: _ENV_REF.sub(lambda m: env(m.group(1)), v).strip() for k, v in implementation.headers.items()}
+    method = implementation.method.upper()
+    query = method in ("GET", "DELETE")
+    return HttpRequest(method, url, headers, rest if query else None, None if query else rest)

@@ -25,6 +25,7 @@ from shared import logs
 from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
 from shared.messages import Envelope, encode, now
 from shared.observability import MESSAGE_HANDLING, MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED, MESSAGES_PUBLISHED
+from shared.redaction import redact_message_body, redact_text
 from shared.topology import COMMAND_TYPES, Topology
 
 if TYPE_CHECKING:
@@ -188,11 +189,15 @@ class Inbound:
             log.warning("redis unavailable for dedupe (%s)", error)
 
     async def dead_letter(self, raw: RabbitMessage, code: str, detail: str) -> None:
-        """Park a message with its reason, then ack it: nothing lost, nothing blocked."""
+        """Park a message with its reason, then ack it: nothing lost, nothing blocked.
+        What is parked is the reason and the headers, and the body redacted: a call's
+        arguments hidden, known secrets and credential shapes hidden everywhere else
+        (the ledger keeps the call itself)."""
+        detail = redact_text(detail)
         log.warning("%s: dead-lettering %s: %s: %s", self.consumer, raw.message_id, code, detail)
         MESSAGES_DEAD_LETTERED.labels(self.consumer, self.message_type, code).inc()
         await self.broker.publish(
-            raw.body,
+            redact_message_body(raw.body),
             exchange=self.topology.dead,
             routing_key=code,
             persist=True,

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TextIO
+
+from shared.redaction import redact_text
 
 LogFormat = Literal["auto", "json", "text"]
 
@@ -34,7 +35,6 @@ handling: ContextVar[Mapping[str, str] | None] = ContextVar("handling", default=
 
 # Attributes every LogRecord has: anything else on a record came from `extra=` and is logged as a field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@", re.IGNORECASE)
 
 
 class AboutAMessage(Protocol):
@@ -78,7 +78,8 @@ def concerning_raw(message_id: str | None, body: bytes) -> None:
 
 
 def mask_secrets(text: str) -> str:
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+    """Every line, tracebacks included, without a known secret or a credential's shape."""
+    return redact_text(text)
 
 
 class MessageContext(logging.Filter):
@@ -117,7 +118,7 @@ class JSONLines(logging.Formatter):
                 line[key] = value
         for key, value in vars(record).items():
             if key not in _STANDARD and key not in line and not key.startswith("_"):
-                line[key] = value
+                line[key] = mask_secrets(value) if isinstance(value, str) else value
         if record.exc_info:
             line["exception"] = mask_secrets(self.formatException(record.exc_info))
         elif record.exc_text:

@@ -108,6 +108,9 @@ class ApprovalCard(Model):
     arguments: dict[str, Any]
     target: str
     effect: Literal["read", "idempotent", "outward"]
+    # The paths of the arguments hidden on it (`api_token`, `auth/password`): a person
+    # sees that a value is there and is withheld, never the value.
+    hidden: list[str] = []
 
 
 # --- commands ---------------------------------------------------------------

@@ -208,6 +208,8 @@ class Deployment:
         )
         if self.store == "postgres":
             env.update(SIGNOFF_DATABASE_URL=POSTGRES_URL, SIGNOFF_DATABASE_SCHEMA=self.namespace)
+        # The fixture tools' credential (tests/fixtures/tools.yaml): an unset `${env:…}` is an error.
+        env.setdefault("SINK_TOKEN", "sink-token-for-tests")
         env.update(self.extra_env)
         return env
 

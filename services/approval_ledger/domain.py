@@ -191,7 +191,21 @@ def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> l
                 CallPlan(call, "close", spec, "no_implementation", f"The tool {call.name!r} has no implementation.")
             )
             continue
-        errors = spec.argument_errors(call.arguments)
+        unexpected, errors = spec.argument_problems(call.arguments)
+        if unexpected:
+            # Refused before anyone is asked: an argument the card would not explain
+            # must never ride along into the request (tool schemas are closed by default).
+            plans.append(
+                CallPlan(
+                    call,
+                    "close",
+                    spec,
+                    "unexpected_arguments",
+                    f"The tool {call.name!r} takes no argument named " + ", ".join(map(repr, unexpected)) + "; "
+                    "the call was not run and nobody was asked. Call it again with only its declared parameters.",
+                )
+            )
+            continue
         if errors:
             plans.append(
                 CallPlan(

@@ -145,7 +145,7 @@ async def model_step_completed(
         records.end_turn(uow, session, failed)
         return
     calls = [_new_call(session, step, proposed) for proposed in report.tool_calls]
-    records.assistant_entry(uow, session, report.text, calls)
+    records.assistant_entry(uow, session, report.text, calls, ledger.catalogue)
     if not calls:
         completed = TurnCompleted(
             session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id, text=report.text

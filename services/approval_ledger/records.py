@@ -6,9 +6,11 @@ Each function records one decision already taken by `domain`; none decides.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, update
 
@@ -42,6 +44,7 @@ from shared.observability import (
     tool_label,
     when_committed,
 )
+from shared.redaction import redact_text, redact_value
 
 from . import reads
 from .authority import Authority
@@ -180,10 +183,16 @@ async def withdraw_request(uow: UnitOfWork, call: Call) -> None:
         when_committed(APPROVAL_OUTCOMES.labels(tool_label(call.tool), "cancelled").inc)
 
 
-def assistant_entry(uow: UnitOfWork, session: SessionState, text: str, calls: list[Call]) -> None:
-    """What the model said, with each call it made under the ids Signoff gave it."""
+def assistant_entry(
+    uow: UnitOfWork, session: SessionState, text: str, calls: list[Call], catalogue: ToolCatalogue
+) -> None:
+    """What the model said, with each call it made under the ids Signoff gave it, its
+    secrets hidden as on the card: the transcript is shown (`signoff session show`) and
+    sent back to the model; only the call's own row keeps the arguments that run."""
     made = [
-        TranscriptCall(call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=c.arguments)
+        TranscriptCall(
+            call_id=c.id, provider_call_id=c.provider_call_id, name=c.tool, arguments=shown_arguments(catalogue, c)
+        )
         for c in calls
     ]
     append(uow, session, TranscriptEntry(role="assistant", text=text, tool_calls=made))
@@ -407,6 +416,11 @@ def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> N
     )
 
 
+def shown_arguments(catalogue: ToolCatalogue, call: Call) -> dict[str, Any]:
+    spec = catalogue.get(call.tool)
+    return spec.shown_arguments(call.arguments) if spec else redact_value(call.arguments)
+
+
 def closure(
     uow: UnitOfWork,
     session: SessionState,
@@ -416,8 +430,11 @@ def closure(
     *,
     stored: bool = True,
 ) -> None:
-    """Close a call: its status and its one closure row (invariant 3), and say so."""
+    """Close a call: its status and its one closure row (invariant 3), and say so.
+    The reason is said with credential shapes hidden, whoever wrote it."""
     when_committed(CALLS_CLOSED.labels(tool_label(call.tool), closed.kind).inc)
+    if closed.reason_text:
+        closed = dataclasses.replace(closed, reason_text=redact_text(closed.reason_text))
     if stored:
         uow.update(TOOL_CALLS, call.id, status="closed")
     call.status = "closed"
@@ -458,7 +475,7 @@ def operator_alert(
             call_id=call.id,
             tool=call.tool,
             reason_code=closed.reason_code or closed.kind,
-            reason_text=closed.reason_text or "",
+            reason_text=redact_text(closed.reason_text or ""),
         ),
     )
 

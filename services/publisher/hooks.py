@@ -5,7 +5,14 @@ so a hook only ever describes committed state. Each delivery keeps one id for
 life, sent as `Signoff-Delivery` and `Idempotency-Key`; it is retried with
 backoff until the receiver answers 2xx, across crashes and restarts, or until its
 retry budget is spent (`SIGNOFF_HOOK_MAX_ATTEMPTS`, or the hook's `max_attempts`).
-Signature: `Signoff-Signature: sha256=HMAC(secret, "<timestamp>.<body>")`.
+Signature: `Signoff-Signature: sha256=HMAC(secret, "<timestamp>.<body>")`
+(`signoff.hooks.sign`; a receiver checks it with `signoff.hooks.verify`).
+
+Hooks get events only: `*` and every other pattern match event types
+(`shared.messages.EVENT_TYPES`), never a command the publisher relays
+(`tool.execute` carries a call's arguments, `step.requested` a whole transcript).
+A hook's secret must be set and at least 32 bytes: the publisher refuses to start
+otherwise, naming the hook.
 
 No hook can hold up another: each hook's due deliveries are read on their own, with
 at most `SIGNOFF_HOOK_CONCURRENCY` of them in flight, so a slow, failing or removed
@@ -20,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import hashlib
-import hmac
 import json
 import logging
 import time
@@ -30,15 +36,17 @@ from pathlib import Path
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from shared import faults, logs
-from shared.catalogue import resolve_secrets
+from shared.catalogue import MissingSecret, resolve_secrets
 from shared.ledger.tables import TABLES, HookDelivery
 from shared.messages import EVENT_TYPES, now
 from shared.observability import HOOK_DELIVERIES
+from shared.redaction import redact_text, remember
+from signoff.hooks import MIN_SECRET_BYTES, sign
 
 from .leadership import Leadership, LeadershipLost
 
@@ -56,8 +64,9 @@ class Hook(BaseModel):
     url: str
     # Event types, or patterns such as "approval.*"; "*" for all.
     events: list[str]
-    # `${env:NAME}` keeps the secret out of the file.
-    secret: str
+    # `${env:NAME}` keeps the secret out of the file; resolved when the hooks are
+    # loaded, and at least MIN_SECRET_BYTES long.
+    secret: str = Field(repr=False)
     timeout_seconds: float = 10.0
     # Attempts before a delivery is given up; unset: SIGNOFF_HOOK_MAX_ATTEMPTS.
     max_attempts: int | None = Field(default=None, ge=1)
@@ -70,8 +79,32 @@ class Hook(BaseModel):
                 raise ValueError(f"{pattern!r} matches no event; events are: {', '.join(sorted(EVENT_TYPES))}")
         return patterns
 
+    @field_validator("url")
+    @classmethod
+    def _url_resolved(cls, url: str) -> str:
+        try:
+            return resolve_secrets(url)
+        except MissingSecret as missing:
+            raise ValueError(f"the url's {missing}") from None
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_strong(cls, secret: str) -> str:
+        try:
+            secret = resolve_secrets(secret)
+        except MissingSecret as missing:
+            raise ValueError(f"the secret's {missing}") from None
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            # The length only: the message must not help anyone guess it.
+            raise ValueError(
+                f"the secret is shorter than {MIN_SECRET_BYTES} bytes; use a random one (openssl rand -hex 32)"
+            )
+        remember(secret)  # written in the file rather than the environment: still never logged
+        return secret
+
     def wants(self, event_type: str) -> bool:
-        return any(fnmatch.fnmatchcase(event_type, pattern) for pattern in self.events)
+        """Events only: a command the publisher relays matches no pattern, not even `*`."""
+        return event_type in EVENT_TYPES and any(fnmatch.fnmatchcase(event_type, p) for p in self.events)
 
 
 class HookConfig(BaseModel):
@@ -86,14 +119,16 @@ def load_hooks(path: Path | None) -> list[Hook]:
         return HookConfig.model_validate(yaml.safe_load(Path(path).read_text()) or {}).hooks
     except FileNotFoundError:
         raise SystemExit(f"hooks file not found: {path} (SIGNOFF_HOOKS_FILE)") from None
+    except ValidationError as invalid:
+        # Said without the input values: they may be the secrets themselves.
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in invalid.errors()
+        )
+        raise SystemExit(f"hooks file {path} (SIGNOFF_HOOKS_FILE) is not usable: {problems}") from None
 
 
 def delivery_id(hook: str, message_id: str) -> str:
     return "dlv_" + hashlib.sha256(f"{hook}\0{message_id}".encode()).hexdigest()[:32]
-
-
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
 def backoff(attempts: int) -> float:
@@ -208,17 +243,15 @@ class HookDeliverer:
                 "Idempotency-Key": delivery.id,
                 "Signoff-Event": delivery.event_type,
                 "Signoff-Timestamp": timestamp,
-                "Signoff-Signature": sign(resolve_secrets(hook.secret), timestamp, body),
+                "Signoff-Signature": sign(hook.secret, timestamp, body),
             }
             error = None
             try:
-                response = await self.http.post(
-                    resolve_secrets(hook.url), content=body, headers=headers, timeout=hook.timeout_seconds
-                )
+                response = await self.http.post(hook.url, content=body, headers=headers, timeout=hook.timeout_seconds)
                 if not response.is_success:
                     error = f"HTTP {response.status_code}"
             except httpx.HTTPError as failure:
-                error = f"{type(failure).__name__}: {failure}"
+                error = redact_text(f"{type(failure).__name__}: {failure}")
             if error is None:
                 await faults.reached("publisher.after_hook")
             attempts = delivery.attempts + 1

@@ -29,6 +29,8 @@ async def run(settings: Settings) -> None:
     await runtime.expose()
     # The shared settings as given, plus the publisher's own from the environment.
     config = PublisherSettings(**settings.model_dump())
+    # First: a hook without a usable secret stops the publisher before it does anything.
+    hooks = load_hooks(settings.hooks_file)
     engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
@@ -43,7 +45,6 @@ async def run(settings: Settings) -> None:
     # Before serving: a standby says "standing by" and waits here; "ready" means leading.
     leadership: Leadership | None = await lead(settings, wake) if settings.is_postgres else None
     PUBLISHER_LEADING.set(1)
-    hooks = load_hooks(settings.hooks_file)
 
     async def relay() -> None:
         nonlocal leadership

@@ -9,7 +9,7 @@ from functools import partial
 import httpx
 from pydantic import TypeAdapter
 
-from shared import keyring
+from shared import keyring, redaction
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.ledger.database import create_engine, database_reachable, migrate
@@ -31,6 +31,8 @@ async def run(settings: Settings) -> None:
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     catalogue = load_catalogue(settings.tools_file)
+    # Every value the tools take from this environment is a secret: never in a log line or a dead letter.
+    redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
     know_tools([spec.name for spec in catalogue.tools])
     async with httpx.AsyncClient() as http:
         executor = Executor(

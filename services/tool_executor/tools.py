@@ -12,12 +12,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
-from shared.catalogue import HttpImplementation, PythonImplementation, ToolSpec, resolve_secrets
+from shared.catalogue import (
+    HttpImplementation,
+    MissingSecret,
+    PythonImplementation,
+    ToolSpec,
+    http_request,
+    shown_request,
+)
+from shared.catalogue import resolve_secrets as resolve
 from shared.messages import Outcome
+from shared.redaction import redact_text, redact_url, redact_value
+
+# A call's error as reported, recorded and said to the model: enough to say why.
+ERROR_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,23 @@ def _import(path: str):
 async def run_tool(
     spec: ToolSpec, arguments: dict[str, Any], context: ToolContext, http: httpx.AsyncClient
 ) -> ToolResult:
+    """Run the call; what it returns has this call's secrets hidden (its declared
+    secret arguments, the `${env:…}` values it used, credential shapes in errors):
+    the result is recorded, reported, put in the transcript and sent to hooks."""
     implementation = spec.implementation
     if isinstance(implementation, PythonImplementation):
-        return await _run_python(implementation, spec, arguments, context)
-    if isinstance(implementation, HttpImplementation):
-        return await _run_http(implementation, spec, arguments, context, http)
-    return ToolResult("error", error=f"the tool {spec.name!r} has no implementation")
+        result = await _run_python(implementation, spec, arguments, context)
+    elif isinstance(implementation, HttpImplementation):
+        result = await _run_http(implementation, spec, arguments, context, http)
+    else:
+        result = ToolResult("error", error=f"the tool {spec.name!r} has no implementation")
+    secrets = spec.secret_values(arguments)
+    return ToolResult(
+        result.outcome,
+        redact_value(result.output, secrets) if result.output is not None else None,
+        # Cut after hiding: a secret cut in two would no longer be found.
+        redact_text(result.error, secrets)[:ERROR_CHARS] if result.error is not None else None,
+    )
 
 
 async def _run_python(
@@ -134,23 +156,21 @@ async def _run_http(
     context: ToolContext,
     http: httpx.AsyncClient,
 ) -> ToolResult:
-    url = resolve_secrets(implementation.url)
-    used = set()
-    for key, value in arguments.items():
-        if "{" + key + "}" in url:
-            url = url.replace("{" + key + "}", quote(str(value), safe=""))
-            used.add(key)
-    rest = {k: v for k, v in arguments.items() if k not in used}
-    headers = {k: resolve_secrets(v).strip() for k, v in implementation.headers.items()}
+    try:
+        request = http_request(implementation, arguments, env=lambda name: resolve(f"${{env:{name}}}"))
+    except MissingSecret as missing:
+        return ToolResult("error", error=f"the executor cannot make this call: {missing}")
+    # Errors name the request as the card shows it: never the URL with its secrets filled in.
+    shown = shown_request(implementation, spec.shown_arguments(arguments))
+    url, method, headers = request.url, request.method, {**request.headers}
     headers["Idempotency-Key"] = context.idempotency_key
-    method = implementation.method.upper()
     try:
         response = await http.request(
             method,
             url,
             headers=headers,
-            params=rest if method in ("GET", "DELETE") else None,
-            json=rest if method not in ("GET", "DELETE") else None,
+            params=request.params,
+            json=request.json,
             timeout=implementation.timeout_seconds,
         )
     except (
@@ -161,16 +181,22 @@ async def _run_http(
         httpx.InvalidURL,
     ) as error:
         # Nothing reached the server: an honest error, not an unknown outcome.
-        return ToolResult("error", error=f"could not connect to {url}: {error}")
+        return ToolResult("error", error=f"could not connect for {shown}: {_why(error, url)}")
     except (httpx.TimeoutException, httpx.TransportError) as error:
         if spec.effect == "outward":
             # The request may have arrived: say so rather than guess (invariant 4).
-            return ToolResult("outcome_unknown", error=f"{method} {url} failed after sending: {error!r}")
-        return ToolResult("error", error=f"{method} {url} failed: {error!r}")
+            return ToolResult("outcome_unknown", error=f"{shown} failed after sending: {_why(error, url)}")
+        return ToolResult("error", error=f"{shown} failed: {_why(error, url)}")
     try:
         body: Any = response.json()
     except ValueError:
         body = response.text[:10_000]
     if response.is_success:
         return ToolResult("output", {"status": response.status_code, "body": body})
-    return ToolResult("error", error=f"HTTP {response.status_code} from {method} {url}: {str(body)[:2000]}")
+    # The receiver's answer, its secrets hidden and cut short by `run_tool`: enough to say why.
+    return ToolResult("error", error=f"HTTP {response.status_code} from {shown}: {body}")
+
+
+def _why(error: Exception, url: str) -> str:
+    """An httpx error without the URL it may quote (the real one, secrets filled in)."""
+    return f"{type(error).__name__}: {str(error).replace(url, redact_url(url))}"

@@ -12,9 +12,10 @@ from shared.settings import PROJECT_ROOT
 from tests.harness import SERVICES, eventually, rows, start_and_wait_for_approval
 
 
-def signoff(deployment, *args: str, check: bool = True) -> str:
+def signoff(deployment, *args: str, check: bool = True, answer: str = "") -> str:
+    """Run `signoff` as a person at a terminal would, typing `answer` when it asks."""
     result = subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, input=answer)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
@@ -31,7 +32,13 @@ async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_to
     [request_id] = re.findall(r"request:\s+(apr_\w+)", pending)
     assert "Post a message to the sink" in pending and "***redacted***" in pending and "sk-secret" not in pending
 
-    approved = await asyncio.to_thread(signoff, deployment, "approve", request_id, "--message", "ok")
+    # Not answering yes sends nothing: the card is shown, and the request stays pending.
+    declined = await asyncio.to_thread(signoff, deployment, "approve", request_id, check=False, answer="\n")
+    assert f"request:   {request_id}" in declined and "target:    POST ${env:SINK_URL}/sink" in declined
+    assert "hidden:    api_token" in declined and "sk-secret" not in declined
+    assert "not sent; nothing was decided" in declined and "approve sent" not in declined
+    approved = await asyncio.to_thread(signoff, deployment, "approve", request_id, "--message", "ok", answer="y\n")
+    assert f"request:   {request_id}" in approved and f"approve {request_id} as " in approved
     assert f"approve sent for {request_id}" in approved
     async def idle():
         [session] = await rows(deployment, Session, id=session_id)
@@ -42,7 +49,7 @@ async def test_a_person_starts_a_session_reads_the_card_approves_and_sees_the_to
     assert f"session {session_id}: idle" in shown and "Posted." in shown
     assert sink.counts["/sink"] == 1
 
-    again = await asyncio.to_thread(signoff, deployment, "approve", request_id, check=False)
+    again = await asyncio.to_thread(signoff, deployment, "approve", request_id, "--yes", check=False)
     assert "already approved" in again
     assert "no pending approval requests" in await asyncio.to_thread(signoff, deployment, "pending")
 

@@ -1,7 +1,8 @@
 """Lifecycle hooks against the real publisher: no hook holds up another (a removed one,
 or one whose receiver hangs, even with more than a hundred deliveries due), and a
 delivery is given up after its retry budget, with its reason on the row and in an
-error an operator's log search can parse."""
+error an operator's log search can parse. A hook whose secret is unset or short stops
+the publisher at start."""
 
 import asyncio
 import json
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from sqlalchemy import insert
 
 from services.approval_ledger.unit_of_work import UnitOfWork
@@ -19,12 +21,12 @@ from shared.ledger.tables import HookDelivery
 from shared.messages import TurnCompleted, mint, now
 from shared.topology import Topology
 from tests.harness import eventually, log_records, rows
-from tests.sink import Sink
+from tests.sink import HOOK_SECRET, Sink
 
 
 def configure(deployment, tmp_path, *hooks: dict) -> None:
     path = tmp_path / "hooks.yaml"
-    path.write_text(json.dumps({"hooks": [{"events": ["turn.completed"], "secret": "s3cret", **h} for h in hooks]}))
+    path.write_text(json.dumps({"hooks": [{"events": ["turn.completed"], "secret": HOOK_SECRET, **h} for h in hooks]}))
     deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(path)
 
 
@@ -163,3 +165,14 @@ async def test_retries_stop_after_the_budget_and_the_delivery_is_given_up_with_i
          "message_id": event.message_id, "event_type": "turn.completed", "attempts": attempts,
          "last_error": "HTTP 500"}
         for hook, attempts in (("flaky", 3), ("picky", 2))]
+
+
+async def test_a_publisher_whose_hook_secret_is_short_or_unset_stops_at_start_saying_which_hook(deployment, tmp_path):
+    configure(deployment, tmp_path, {"name": "audit", "url": "http://127.0.0.1:9/audit", "secret": "hunter2"},
+              {"name": "crm", "url": "http://127.0.0.1:9/crm", "secret": "${env:SIGNOFF_TEST_UNSET_HOOK_SECRET}"})
+    with pytest.raises(AssertionError, match="publisher exited") as stopped:
+        deployment.start("publisher")
+    said = str(stopped.value)
+    assert "hooks.0.secret: the secret is shorter than 32 bytes" in said
+    assert "hooks.1.secret: the secret's ${env:SIGNOFF_TEST_UNSET_HOOK_SECRET} is not set" in said
+    assert "hunter2" not in said

@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy import func, select
 
 from shared.ledger.tables import Closure, Decision, ProviderAttemptRow, Session
-from shared.catalogue import REDACTED
+from shared.redaction import REDACTED
 from shared.messages import StartTurn, mint
 from tests.harness import next_event
 
@@ -27,7 +27,8 @@ async def test_an_approved_call_runs_once_and_the_turn_completes(deployment, sin
         card = requested.card
         assert card.tool == "post_to_sink" and card.label == "Post a message to the sink"
         assert card.arguments == {"message": "hello from signoff", "api_token": REDACTED}
-        assert card.target == f"POST {sink.url}/sink"
+        # The executor fills in its own SINK_URL: the card names the variable, never the ledger's value.
+        assert card.target == "POST ${env:SINK_URL}/sink" and card.hidden == ["api_token"]
         assert requested.pending_request_ids == [requested.request_id]  # the session waits on it (invariant 5)
         assert sink.counts["/sink"] == 0
 

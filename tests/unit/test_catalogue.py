@@ -6,7 +6,8 @@ import copy
 import pytest
 from pydantic import ValidationError
 
-from shared.catalogue import REDACTED, ToolCatalogue, ToolSpec, redact, resolve_secrets
+from shared.catalogue import MissingSecret, ToolCatalogue, ToolSpec, closed, resolve_secrets
+from shared.redaction import REDACTED
 
 
 def tool(**declared):
@@ -54,45 +55,75 @@ def test_arguments_that_fit_the_schema_have_no_errors():
     assert tool(parameters=SCHEMA).argument_errors({"to": "acme", "items": [1, 2], "amount": {"value": 5}}) == []
 
 
-def test_each_argument_error_names_the_path_of_the_bad_value_and_they_come_in_path_order():
+def test_each_argument_error_names_the_path_and_the_rule_and_they_come_in_path_order():
     errors = tool(parameters=SCHEMA).argument_errors({"to": 7, "items": [1, "two"], "amount": {"value": "five"}})
-    assert [e.split(": ", 1)[0] for e in errors] == ["amount/value", "items/1", "to"]
-    assert "'five'" in errors[0] and "'two'" in errors[1] and "7" in errors[2]
+    assert errors == ['amount/value: must be of type "number"', 'items/1: must be of type "integer"',
+                      'to: must be of type "string"']
+
+
+def test_an_argument_error_never_repeats_the_value_it_refuses():
+    schema = {"type": "object", "properties": {"password": {"type": "string", "minLength": 12},
+                                               "mode": {"enum": ["a", "b"]}, "pin": {"pattern": "^[0-9]+$"}}}
+    errors = tool(parameters=schema).argument_errors({"password": "hunter2", "mode": "hunter3", "pin": "hunter4"})
+    assert len(errors) == 3
+    assert not any("hunter" in e for e in errors), errors
+    assert errors[0] == 'mode: must be one of ["a", "b"]'
 
 
 def test_an_error_about_the_arguments_as_a_whole_says_so():
     [error] = tool(parameters=SCHEMA).argument_errors({})
-    assert error.startswith("(arguments): ") and "'to'" in error
+    assert error == "(arguments): missing required 'to'"
 
 
-# --- redaction -------------------------------------------------------------------
+# --- closed schemas ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [
-    "password", "Password", "db_pass", "passwd", "client_secret", "token", "ACCESS_TOKEN", "api_key", "api-key",
-    "apikey", "Authorization", "authorisation", "credentials", "Cookie", "private_key", "privateKey",
-])
-def test_every_kind_of_credential_name_is_redacted_whatever_its_case(name):
-    assert redact({name: "s3cret", "to": "acme"}) == {name: REDACTED, "to": "acme"}
+def test_a_schema_is_closed_by_default_and_an_extra_argument_is_unexpected_at_any_depth():
+    unexpected, errors = tool(parameters=SCHEMA).argument_problems(
+        {"to": "acme", "cc": "boss", "amount": {"value": 5, "currency": "EUR"}})
+    assert (unexpected, errors) == (["cc", "amount/currency"], [])
 
 
-def test_secrets_inside_lists_are_redacted_on_the_card_and_everything_else_is_shown():
+def test_a_schema_that_declares_how_it_takes_other_properties_keeps_its_rule():
+    open_schema = {**SCHEMA, "additionalProperties": True}
+    assert tool(parameters=open_schema).argument_problems({"to": "acme", "cc": "boss"}) == ([], [])
+    patterned = {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}
+    assert tool(parameters=patterned).argument_problems({"x-a": "1", "y": "2"}) == (["y"], []), (
+        "patterns name what else it takes; what matches none is refused")
+
+
+def test_a_tool_without_parameters_takes_no_arguments():
+    assert tool().argument_problems({"anything": 1}) == (["anything"], [])
+    assert tool().argument_problems({}) == ([], [])
+
+
+def test_the_model_is_offered_the_closed_schema_it_is_held_to():
+    offered = tool(parameters=SCHEMA).description_for_model().parameters
+    assert offered["additionalProperties"] is False and offered["properties"]["amount"]["additionalProperties"] is False
+    assert "additionalProperties" not in SCHEMA, "the declaration itself is left as written"
+
+
+# --- redaction on the card (the rules themselves: tests/unit/test_redaction.py) ---------
+
+
+def test_the_card_hides_declared_secrets_and_credential_names_at_any_depth_and_lists_them():
+    schema = {"type": "object", "additionalProperties": True, "properties": {
+        "accounts": {"type": "array", "items": {"type": "object", "additionalProperties": True,
+                                                 "properties": {"pin": {"type": "string", "writeOnly": True}}}}}}
     arguments = {
         "to": "acme",
-        "accounts": [{"name": "a", "password": "p1"}, {"name": "b", "auth": {"token": "t"}}],
+        "accounts": [{"name": "a", "pin": "1234", "password": "p1"}, {"name": "b", "auth": {"token": "t"}}],
         "tags": ["x", 2, None],
-        "matrix": [[{"api_key": "k"}]],
+        "max_tokens": 5,
     }
-    assert tool().card(arguments).arguments == {
+    card = tool(parameters=schema).card(arguments)
+    assert card.arguments == {
         "to": "acme",
-        "accounts": [{"name": "a", "password": REDACTED}, {"name": "b", "auth": {"token": REDACTED}}],
+        "accounts": [{"name": "a", "pin": REDACTED, "password": REDACTED}, {"name": "b", "auth": {"token": REDACTED}}],
         "tags": ["x", 2, None],
-        "matrix": [[{"api_key": REDACTED}]],
+        "max_tokens": 5,
     }
-
-
-def test_a_credential_named_key_is_redacted_whole_whatever_it_holds():
-    assert redact({"tokens": ["a", "b"], "secret": {"nested": 1}}) == {"tokens": REDACTED, "secret": REDACTED}
+    assert card.hidden == ["accounts/0/pin", "accounts/0/password", "accounts/1/auth/token"]
 
 
 def test_the_card_redacts_a_copy_and_leaves_the_arguments_the_digest_binds_untouched():
@@ -121,9 +152,10 @@ def test_a_placeholder_with_no_such_argument_stays_as_written():
     assert tool(target="account {to} at {Bank}").card({"to": "acme"}).target == "account acme at {Bank}"
 
 
-def test_an_http_target_is_the_method_scheme_host_and_path_without_query_or_user_info():
-    look = http("https://user:pw@api.example.com/v1/look/{what}?key=abc#frag", method="get")
-    assert look.card({"what": "weather"}).target == "GET https://api.example.com/v1/look/weather"
+def test_an_http_target_is_the_method_and_url_with_user_info_and_query_values_hidden():
+    look = http("https://user:pw@api.example.com/v1/look/{what}?key=abc&lang=en#frag", method="get")
+    assert look.card({"what": "weather"}).target == (
+        f"GET https://{REDACTED}@api.example.com/v1/look/weather?key={REDACTED}&lang={REDACTED}")
 
 
 def test_an_http_target_shows_a_port_only_when_the_url_names_one():
@@ -131,21 +163,26 @@ def test_an_http_target_shows_a_port_only_when_the_url_names_one():
     assert http("http://api.example.com/x").card({}).target == "POST http://api.example.com/x"
 
 
-def test_an_http_target_shows_the_host_the_environment_names(monkeypatch):
-    monkeypatch.setenv("SIGNOFF_TEST_API_BASE", "https://internal.example.com:9000")
-    assert http("${env:SIGNOFF_TEST_API_BASE}/v1/send").card({}).target == "POST https://internal.example.com:9000/v1/send"
+def test_an_http_target_names_an_executor_only_variable_as_written_never_the_ledgers_value(monkeypatch):
+    # The ledger may have no such variable, or another value: the executor's decides.
+    monkeypatch.setenv("API_HOST", "https://wrong.example.com")
+    post = http("${env:API_HOST}/v1/send/{to}", parameters={"type": "object", "properties": {"to": {}}})
+    assert post.card({"to": "ops team"}).target == "POST ${env:API_HOST}/v1/send/ops%20team"
+    monkeypatch.delenv("API_HOST")
+    assert post.card({"to": "ops"}).target == "POST ${env:API_HOST}/v1/send/ops"
 
 
-def test_a_secret_named_argument_in_an_http_url_is_redacted_in_the_target():
-    assert http("https://api.example.com/{token}/send").card({"token": "t0k"}).target == (
-        f"POST https://api.example.com/{REDACTED}/send")
+def test_a_secret_argument_in_an_http_url_is_redacted_in_the_target():
+    schema = {"type": "object", "properties": {"token": {"type": "string"}, "chat": {"x-signoff-secret": True}}}
+    assert http("https://api.example.com/{token}/send/{chat}", parameters=schema).card(
+        {"token": "t0k", "chat": "c1"}).target == f"POST https://api.example.com/{REDACTED}/send/{REDACTED}"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: target_of resolves ${env:...} secrets into the URL path it shows")
 def test_a_credential_from_the_environment_never_appears_in_an_http_target(monkeypatch):
     monkeypatch.setenv("SIGNOFF_TEST_BOT_TOKEN", "123:s3cret")
     target = http("https://api.telegram.org/bot${env:SIGNOFF_TEST_BOT_TOKEN}/sendMessage").card({}).target
     assert "s3cret" not in target
+    assert target == "POST https://api.telegram.org/bot${env:SIGNOFF_TEST_BOT_TOKEN}/sendMessage"
 
 
 def test_a_python_tools_target_names_its_function():
@@ -160,11 +197,12 @@ def test_a_tool_with_neither_target_nor_implementation_says_so_on_its_card():
 # --- secrets from the environment ---------------------------------------------------
 
 
-def test_a_secret_reference_is_replaced_by_the_environments_value_and_an_unset_one_by_nothing(monkeypatch):
+def test_a_secret_reference_is_replaced_by_the_environments_value_and_an_unset_one_is_an_error(monkeypatch):
     monkeypatch.setenv("SIGNOFF_TEST_KEY", "k1")
     monkeypatch.delenv("SIGNOFF_TEST_UNSET", raising=False)
     assert resolve_secrets("Bearer ${env:SIGNOFF_TEST_KEY}") == "Bearer k1"
-    assert resolve_secrets("a${env:SIGNOFF_TEST_UNSET}b") == "ab"
+    with pytest.raises(MissingSecret, match=r"\$\{env:SIGNOFF_TEST_UNSET\} is not set"):
+        resolve_secrets("a${env:SIGNOFF_TEST_UNSET}b")
     assert resolve_secrets("no ${reference} here") == "no ${reference} here"
 
 
@@ -177,7 +215,8 @@ def test_the_model_is_offered_each_tools_name_description_and_parameters_with_th
         {"name": "look", "label": "Look around"},
     ]})
     assert [(d.name, d.description, d.parameters) for d in catalogue.descriptions()] == [
-        ("send", "Sends money.", SCHEMA), ("look", "Look around", {"type": "object"})]
+        ("send", "Sends money.", closed(SCHEMA)), ("look", "Look around", {"type": "object",
+                                                                           "additionalProperties": False})]
 
 
 def test_a_tool_is_found_by_its_name_and_an_unknown_name_finds_nothing():

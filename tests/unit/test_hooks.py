@@ -2,11 +2,16 @@
 
 import hashlib
 import hmac
+import json
 
 import pytest
 from pydantic import ValidationError
 
-from services.publisher.hooks import MAX_BACKOFF_SECONDS, Hook, backoff, delivery_id, retry_delay, sign
+from services.publisher.hooks import MAX_BACKOFF_SECONDS, Hook, backoff, delivery_id, load_hooks, retry_delay, sign
+from shared.messages import EVENT_TYPES
+from signoff.hooks import InvalidSignature, verify
+
+SECRET = "0123456789abcdef0123456789abcdef"
 from services.publisher.settings import PublisherSettings
 
 
@@ -28,9 +33,9 @@ def test_retries_back_off_exponentially_up_to_a_cap():
 
 
 def test_a_hook_on_an_event_that_does_not_exist_is_refused_with_the_list_of_events():
-    assert Hook(name="a", url="http://x", events=["approval.*"], secret="s").wants("approval.decided")
+    assert Hook(name="a", url="http://x", events=["approval.*"], secret=SECRET).wants("approval.decided")
     with pytest.raises(ValidationError, match="approval.requested"):
-        Hook(name="a", url="http://x", events=["tool.completed"], secret="s")
+        Hook(name="a", url="http://x", events=["tool.completed"], secret=SECRET)
 
 
 def test_a_delivery_is_retried_with_backoff_until_its_budget_of_attempts_is_spent():
@@ -43,6 +48,83 @@ def test_a_delivery_is_retried_with_backoff_until_its_budget_of_attempts_is_spen
 
 
 def test_a_hooks_own_budget_must_allow_one_attempt():
-    assert Hook(name="a", url="http://x", events=["*"], secret="s", max_attempts=1).max_attempts == 1
+    assert Hook(name="a", url="http://x", events=["*"], secret=SECRET, max_attempts=1).max_attempts == 1
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
-        Hook(name="a", url="http://x", events=["*"], secret="s", max_attempts=0)
+        Hook(name="a", url="http://x", events=["*"], secret=SECRET, max_attempts=0)
+
+
+def test_every_event_pattern_matches_events_only_and_never_a_command_the_publisher_relays():
+    everything = Hook(name="a", url="http://x", events=["*"], secret=SECRET)
+    tools = Hook(name="b", url="http://x", events=["tool.*"], secret=SECRET)
+    steps = Hook(name="c", url="http://x", events=["*.*"], secret=SECRET)
+    assert all(everything.wants(event) for event in EVENT_TYPES)
+    for command in ("tool.execute", "step.requested", "turn.start", "approval.respond", "tool.completed"):
+        assert not everything.wants(command) and not tools.wants(command) and not steps.wants(command)
+    assert tools.wants("tool.closed")
+
+
+@pytest.mark.parametrize("secret", ["", "hunter2", "x" * 31, "${env:SIGNOFF_TEST_HOOK_SECRET_UNSET}"])
+def test_a_hook_secret_that_is_unset_or_shorter_than_32_bytes_stops_the_publisher_naming_the_hook(
+        tmp_path, monkeypatch, secret):
+    monkeypatch.delenv("SIGNOFF_TEST_HOOK_SECRET_UNSET", raising=False)
+    path = tmp_path / "hooks.yaml"
+    path.write_text(json.dumps({"hooks": [{"name": "audit", "url": "http://x", "events": ["*"], "secret": secret}]}))
+    with pytest.raises(SystemExit) as stopped:
+        load_hooks(path)
+    said = str(stopped.value)
+    assert said.startswith(f"hooks file {path} (SIGNOFF_HOOKS_FILE) is not usable: hooks.0.secret: the secret")
+    assert ("is not set" in said) if secret.startswith("$") else ("shorter than 32 bytes" in said)
+    if secret and not secret.startswith("$"):
+        assert secret not in said, "the error never repeats the secret"
+
+
+def test_a_hook_secret_from_the_environment_of_32_bytes_is_used_resolved(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIGNOFF_TEST_HOOK_SECRET", SECRET)
+    path = tmp_path / "hooks.yaml"
+    path.write_text(json.dumps({"hooks": [{"name": "audit", "url": "http://x", "events": ["*"],
+                                           "secret": "${env:SIGNOFF_TEST_HOOK_SECRET}"}]}))
+    [hook] = load_hooks(path)
+    assert hook.secret == SECRET and SECRET not in repr(hook)
+
+
+# --- the receiver's side: signoff.hooks.verify ----------------------------------------------
+
+
+def signed_headers(body: bytes, timestamp: int, secret: str = SECRET) -> dict[str, str]:
+    return {"Signoff-Timestamp": str(timestamp), "Signoff-Signature": sign(secret, str(timestamp), body)}
+
+
+def test_a_receiver_accepts_a_delivery_signed_with_its_secret_within_the_window():
+    body = b'{"type": "tool.closed"}'
+    verify(SECRET, body, signed_headers(body, 1_700_000_000), now=1_700_000_100)
+    lowered = {k.lower(): v for k, v in signed_headers(body, 1_700_000_000).items()}
+    verify(SECRET, body, lowered, now=1_700_000_000)
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("other secret", "does not match"), ("altered body", "does not match"), ("too old", "window"),
+    ("from the future", "window"), ("no signature", "missing"), ("bad timestamp", "unix seconds"),
+])
+def test_a_receiver_refuses_a_forged_altered_replayed_or_unsigned_delivery(case, message):
+    body = b'{"type": "tool.closed"}'
+    at = 1_700_000_000
+    headers = signed_headers(body, at, "another secret, also long enough!!" if case == "other secret" else SECRET)
+    received = body.replace(b"closed", b"opened") if case == "altered body" else body
+    now = {"too old": at + 301, "from the future": at - 301}.get(case, at)
+    if case == "no signature":
+        del headers["Signoff-Signature"]
+    if case == "bad timestamp":
+        headers["Signoff-Timestamp"] = "yesterday"
+    with pytest.raises(InvalidSignature, match=message):
+        verify(SECRET, received, headers, now=now)
+
+
+def test_the_receiver_compares_signatures_in_constant_time(monkeypatch):
+    import hmac as hmac_module
+
+    compared = []
+    real = hmac_module.compare_digest
+    monkeypatch.setattr(hmac_module, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    body = b"{}"
+    verify(SECRET, body, signed_headers(body, 1_700_000_000), now=1_700_000_000)
+    assert len(compared) == 1

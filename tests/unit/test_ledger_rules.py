@@ -10,7 +10,8 @@ import pytest
 
 from services.approval_ledger import domain
 from services.approval_ledger.domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
-from shared.catalogue import REDACTED, ToolCatalogue
+from shared.catalogue import ToolCatalogue
+from shared.redaction import REDACTED
 from shared.keyring import Channel
 from shared.messages import (
     ProposedToolCall,
@@ -27,6 +28,7 @@ CATALOGUE = ToolCatalogue.model_validate({"tools": [
                     "required": ["to", "amount"]},
      "implementation": {"kind": "python", "function": "x:y"}},
     {"name": "look", "label": "Look", "approval": "never", "effect": "read",
+     "parameters": {"type": "object", "properties": {"what": {"type": "string"}}},
      "implementation": {"kind": "http", "method": "GET", "url": "https://api.example.com:8443/v1/look/{what}?key=${env:K}"}},
     {"name": "hollow", "label": "No body"},
 ]})
@@ -106,6 +108,17 @@ def test_unknown_tools_missing_implementations_and_invalid_arguments_are_closed_
     assert plans[2].reason_text == "Invalid arguments for 'send': " + "; ".join(
         CATALOGUE.get("send").argument_errors({"to": "acme"}))
     assert "amount" in plans[2].reason_text
+
+
+def test_an_argument_the_schema_does_not_list_closes_the_call_before_anyone_is_asked_and_says_which():
+    # The model added `cc`: a closed schema (the default) refuses it rather than send it unseen.
+    calls = [proposed("send", to="acme", amount=1, cc="mallory"), proposed("look", what="x", key="k")]
+    plans = domain.plan_calls(calls, CATALOGUE)
+    assert [(p.action, p.reason_code) for p in plans] == [("close", "unexpected_arguments"),
+                                                         ("close", "unexpected_arguments")]
+    assert plans[0].reason_text == (
+        "The tool 'send' takes no argument named 'cc'; the call was not run and nobody was asked. "
+        "Call it again with only its declared parameters.")
 
 
 def test_every_argument_error_of_an_invalid_call_is_named_in_its_closure():
@@ -326,7 +339,8 @@ def test_the_card_redacts_credentials_and_names_the_target():
     assert card.arguments == {"to": "acme", "amount": 5, "auth": {"api_key": REDACTED, "password": REDACTED}}
     assert card.target == "account acme"
     look = CATALOGUE.get("look").card({"what": "weather"})
-    assert look.target == "GET https://api.example.com:8443/v1/look/weather"
+    # The executor's rules, its secrets hidden: `${env:K}` is a query value, hidden as every one is.
+    assert look.target == f"GET https://api.example.com:8443/v1/look/weather?key={REDACTED}"
 
 
 # --- who may respond ------------------------------------------------------------------

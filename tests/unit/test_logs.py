@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from shared import logs
 from shared.messages import StartTurn
+from shared.redaction import REDACTED
 from shared.settings import Settings
 
 
@@ -116,7 +117,7 @@ def test_a_password_in_a_url_is_masked_in_the_message_and_the_traceback(output):
     text = output.getvalue()
     assert "s3cret" not in text and "hunter2" not in text
     [line] = lines(output)
-    assert "postgresql://role:***@db/signoff" in line["message"] and "signoff.publisher:***@rabbit" in line["exception"]
+    assert f"postgresql://{REDACTED}@db/signoff" in line["message"] and f"amqp://{REDACTED}@rabbit" in line["exception"]
 
 
 def test_a_terminal_gets_text_lines_with_the_message_in_brackets(output):
