@@ -18,6 +18,7 @@ from shared.messages import mint
 from shared.topology import Topology
 from tests.harness import SERVICES, free_port, next_event, start_and_wait_for_approval
 from tests.prometheus import Prometheus, alert_expressions, as_prometheus_sees_it, dashboard_expressions
+from tests.sink import HOOK_SECRET
 
 JOBS = '{job=~"approval-ledger|publisher|model-step|tool-executor"}'
 
@@ -50,8 +51,8 @@ async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deploym
     deployment.extra_env["SINK_URL"] = sink.url
     # One hook that answers, one that nobody answers (a closed port).
     hooks = [
-        {"name": "audit", "url": f"{sink.url}/hook", "events": ["turn.completed"], "secret": "s3cret"},
-        {"name": "broken", "url": "http://127.0.0.1:9/hook", "events": ["turn.completed"], "secret": "s3cret"},
+        {"name": "audit", "url": f"{sink.url}/hook", "events": ["turn.completed"], "secret": HOOK_SECRET},
+        {"name": "broken", "url": "http://127.0.0.1:9/hook", "events": ["turn.completed"], "secret": HOOK_SECRET},
     ]
     (tmp_path / "hooks.yaml").write_text(json.dumps({"hooks": hooks}))
     deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(tmp_path / "hooks.yaml")
