@@ -122,6 +122,12 @@ GRANTS = {
 }
 
 
+# Append-only for every service: the administrator who runs setup owns these tables,
+# the ledger may only add and read entries, the console only read; nobody but that
+# owner may UPDATE, DELETE or TRUNCATE them (docs/design.md, "The audit log").
+AUDIT_TABLES = ("audit_log", "audit_chain")
+
+
 async def provision_database(settings: Settings) -> list[str]:
     """One PostgreSQL role per service (and one, read-only, for the console): the
     ledger's owns the schema and its tables and migrates them; the publisher may only
@@ -154,7 +160,7 @@ async def provision_database(settings: Settings) -> list[str]:
             await conn.execute(text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{ledger}"'))
             # Tables migrated before roles existed become the ledger's.
             owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
-            for table in list(owned):
+            for table in [t for t in owned if t not in AUDIT_TABLES]:
                 await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
             for name in ("publisher", "tool-executor", "console"):
                 await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
@@ -175,7 +181,32 @@ async def provision_database(settings: Settings) -> list[str]:
     finally:
         await engine.dispose()
     done.append(f"migrated schema {schema} as {roles['approval-ledger']} and granted each role its tables")
+    done.append(await _seal_audit_tables(settings, schema, roles))
     return done
+
+
+async def _seal_audit_tables(settings: Settings, schema: str, roles: dict[str, str]) -> str:
+    """The audit tables become the administrator's (the ledger's migration made them),
+    and the ledger keeps INSERT and SELECT alone: an owner may always grant itself
+    more, so the ledger must not own them."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    ledger, console = roles["approval-ledger"], roles["console"]
+    admin = create_async_engine(settings.ledger_url)
+    try:
+        async with admin.begin() as conn:
+            for table in AUDIT_TABLES:
+                qualified = f'"{schema}"."{table}"'
+                await conn.execute(text(f"ALTER TABLE {qualified} OWNER TO CURRENT_USER"))
+                await conn.execute(text(f'REVOKE ALL ON {qualified} FROM "{ledger}"'))
+                await conn.execute(text(f'GRANT SELECT, INSERT ON {qualified} TO "{ledger}"'))
+                await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{console}"'))
+            # The entries' ids come from the table's sequence, which moved with it.
+            await conn.execute(text(f'GRANT USAGE ON SEQUENCE "{schema}"."audit_log_id_seq" TO "{ledger}"'))
+    finally:
+        await admin.dispose()
+    return f"the audit log ({', '.join(AUDIT_TABLES)}): {ledger} may only INSERT and SELECT, no service may change it"
 
 
 async def remove_database_identities(settings: Settings) -> None:

@@ -15,6 +15,7 @@ from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
+from .audit import link_forever
 from .authority import Authority
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
@@ -71,6 +72,7 @@ async def run(settings: Settings) -> None:
         await asyncio.gather(
             handlers.sweep_expired_requests(ledger, settings.expiry_sweep_seconds),
             sweep_forever(engine, retention, settings.retention_sweep_seconds),
+            link_forever(engine, settings.audit_link_seconds),
         )
 
     try:

@@ -12,7 +12,9 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
+from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
+from shared.consuming import sender
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import (
@@ -73,6 +75,31 @@ def _id_of(cause: Envelope | None) -> str | None:
 
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
+    if isinstance(message, RespondToApproval):
+        uow.audit(
+            session,
+            message.session_id,
+            "response.rejected",
+            subject=message.request_id,
+            actor=message.responder,
+            message_id=message.message_id,
+            decision=message.decision,
+            channel=message.key_id,
+            response_id=message.response_id,
+            reason_code=refused.reason_code,
+            reason_text=refused.reason_text,
+        )
+    else:
+        uow.audit(
+            session,
+            message.session_id,
+            "message.rejected",
+            actor=sender.get(),
+            message_id=message.message_id,
+            type=message.type,
+            reason_code=refused.reason_code,
+            reason_text=refused.reason_text,
+        )
     uow.emit(
         session,
         MessageRejected(
@@ -122,15 +149,20 @@ def session_starter(uow: UnitOfWork, session: SessionState, starter: str | None)
 def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed | TurnCancelled) -> None:
     """The turn ends as the event says, and the session can take a new one (idle, or
     cancelled: it says so until then)."""
+    said: dict[str, str | None]
     if isinstance(ended, TurnCompleted):
         uow.update(TURNS, ended.turn_id, status="completed", final_text=ended.text, completed_at=uow.now)
         session.status = "idle"
+        said = {"status": "completed", "text_digest": digest_of(ended.text)}
     elif isinstance(ended, TurnFailed):
         uow.update(TURNS, ended.turn_id, status="failed", final_text=None, completed_at=uow.now)
         session.status = "idle"
+        said = {"status": "failed", "reason_code": ended.reason_code, "reason_digest": digest_of(ended.reason_text)}
     else:
         uow.update(TURNS, ended.turn_id, status="cancelled", final_text=None, completed_at=uow.now)
         session.status = "cancelled"
+        said = {"status": "cancelled", "by": ended.cancelled_by, "reason": ended.reason}
+    uow.audit(session, session.id, "turn.ended", subject=ended.turn_id, message_id=ended.causation_id, **said)
     uow.emit(session, ended)
 
 
@@ -268,6 +300,18 @@ def approval_request(
     where it came from (turn, step, model attempt, ledger run); the token itself
     (random, 256 bits) leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
+    uow.audit(
+        session,
+        session.id,
+        "approval.requested",
+        subject=request_id,
+        message_id=_id_of(cause),
+        call_id=call.id,
+        tool=call.tool,
+        args_digest=args_digest,
+        approvals_required=approvals_required,
+        expires_at=expires_at.isoformat(),
+    )
     uow.add(
         APPROVAL_REQUESTS,
         {
@@ -326,6 +370,15 @@ def execution(
     if stored:
         uow.update(TOOL_CALLS, call.id, status="executing")
     call.status = "executing"
+    uow.audit(
+        session,
+        session.id,
+        "execution.authorized",
+        subject=call.id,
+        message_id=_id_of(cause),
+        tool=call.tool,
+        request_id=request_id,
+    )
     command = ExecuteTool(
         session_id=session.id,
         causation_id=_id_of(cause),
@@ -337,9 +390,27 @@ def execution(
     uow.emit(session, authority.authorize(command, request_id=request_id, at=uow.now))
 
 
-def accepted(uow: UnitOfWork, request: RequestOnRecord, response: RespondToApproval) -> None:
+def accepted(
+    uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
+) -> None:
     """What every accepted response leaves: an approval is counted (one row per
-    request and responder), and a token is redeemed."""
+    request and responder), a token is redeemed, and the audit log says who
+    answered, through which channel (with the count while more are needed)."""
+    uow.audit(
+        session,
+        session.id,
+        "response.accepted",
+        subject=request.id,
+        actor=response.responder,
+        message_id=response.message_id,
+        decision=response.decision,
+        channel=response.key_id,
+        response_id=response.response_id,
+        reason=response.reason,
+        message_digest=digest_of(response.message) if response.message else None,
+        count=None if counted.decides else counted.count,
+        required=None if counted.decides else counted.required,
+    )
     if response.decision == "approve":
         uow.add(
             APPROVALS,
@@ -378,7 +449,19 @@ def approval_counted(
     session.updated_at = uow.now
 
 
-def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> None:
+def decision(uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval) -> None:
+    request_id = request.id
+    uow.audit(
+        session,
+        session.id,
+        "approval.decided",
+        subject=request_id,
+        actor=response.responder,
+        message_id=response.message_id,
+        decision=response.decision,
+        reason=response.reason,
+        call_id=request.call_id,
+    )
     uow.add(
         DECISIONS,
         {
@@ -409,6 +492,21 @@ def closure(
         uow.update(TOOL_CALLS, call.id, status="closed")
     call.status = "closed"
     call.closure = closed
+    # A person's reason or a deadline are said; what a tool, the model or a parked
+    # message produced may echo a secret, so it is kept as a digest.
+    said = closed.kind in ("denied", "expired")
+    uow.audit(
+        session,
+        session.id,
+        "call.closed",
+        subject=call.id,
+        message_id=_id_of(cause),
+        closed_as=closed.kind,
+        reason_code=closed.reason_code,
+        reason_text=closed.reason_text if said else None,
+        reason_digest=None if said or closed.reason_text is None else digest_of(closed.reason_text),
+        output_digest=None if closed.output is None else digest_of(closed.output),
+    )
     uow.add(
         CLOSURES,
         {
