@@ -142,13 +142,13 @@ MUTATIONS = [
   ("audit: verify does not check an entry against its hash", "shared/audit.py",
    "        if entry_hash(entry, entry[\"prev_hash\"]) != entry[\"hash\"]:\n            problems.append(",
    "        if False:\n            problems.append(",
-   "tests/unit/test_audit_chain.py::test_a_changed_entry_is_named_even_when_later_ones_are_intact "
-   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed"),
+   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed "
+   "tests/unit/test_audit_chain.py::test_a_changed_entry_is_named_even_when_later_ones_are_intact"),
   ("audit: an entry not chained to its session's entry before it", "shared/audit.py",
    "        \"prev_hash\": None if head is None else head[1],",
    "        \"prev_hash\": None,",
-   "tests/unit/test_audit_chain.py::test_each_entry_names_the_hash_of_its_sessions_entry_before_it_and_each_link_the_link_before "
-   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed[sqlite]"),
+   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed[sqlite] "
+   "tests/unit/test_audit_chain.py::test_each_entry_names_the_hash_of_its_sessions_entry_before_it_and_each_link_the_link_before"),
   ("audit tables left to the ledger's role, which may then UPDATE and DELETE them", "shared/provisioning.py",
    "    done.append(await _seal_audit_tables(settings, schema, roles))\n",
    "",
