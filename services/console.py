@@ -355,7 +355,7 @@ async def audit_show(settings: Settings, session_id: str) -> int:
     print(f"session {session_id}: {len(entries)} audit entries, {state}")
     for entry in entries:
         seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
-        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S}  {seq:>4}  {audit.story(entry)}")
+        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {audit.story(entry)}")
     return 0 if broken is None else 1
 
 

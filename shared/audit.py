@@ -249,7 +249,7 @@ def story(entry: dict[str, Any]) -> str:
         basis = f"the approval of {d['request_id']}" if d.get("request_id") else "policy"
         return f"{subject} ({d.get('tool')}) was sent to the executor on {basis}"
     if kind == "execution.claimed":
-        return f"{who} claimed {subject} (attempt {d.get('attempt')})"
+        return f"executor {who} claimed {subject} (attempt {d.get('attempt')})"
     if kind == "execution.finished":
         return f"{subject} ran: {d.get('outcome')}"
     if kind == "execution.refused":
