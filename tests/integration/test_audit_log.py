@@ -92,8 +92,9 @@ async def test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_c
     ours = [line for line in lines if line["session_id"] == session_id]
     assert [line["session_seq"] for line in ours] == list(range(1, len(ours) + 1))
     assert all(line["link"] is not None and line["hash"].startswith("sha256:") for line in lines)
-    # Digests and ids, never the arguments or the secret the tool was given.
-    assert "hello from signoff" not in exported.read_text() and "tok-secret-123" not in exported.read_text()
+    # Digests and ids, never the arguments (one a secret) nor the secret the tool was given.
+    for said in ("hello from signoff", "sk-secret-123", "tok-secret-123", "post hello", "Posted."):
+        assert said not in exported.read_text(), said
     to_stdout = await asyncio.to_thread(signoff, deployment, "audit", "export", "--session", session_id)
     assert [json.loads(line) for line in to_stdout.stdout.splitlines()] == ours
 
@@ -108,18 +109,30 @@ async def test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_c
     assert shown.returncode == 1 and f"chain BROKEN at entry {decided}" in shown.stdout
 
 
-async def test_a_refused_response_is_on_record_with_its_reason(deployment):
+async def test_refused_responses_and_a_denial_are_on_record_with_their_reasons(deployment):
     deployment.start()
-    session_id = "ses_" + "b" * 32
+    session_id, unknown = "ses_" + "b" * 32, "ses_" + "f" * 32
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id, "post hello")
         forged = RespondToApproval(session_id=session_id, request_id=requested.request_id, decision="approve",
                                    args_digest="hmac-sha256:" + "0" * 64, responder="tester")
         await console.send(console.sign(forged))
         await next_event(events, "message.rejected")
+        # A response for a session the ledger never heard of: on record, chained globally only.
+        elsewhere = forged.model_copy(update={"session_id": unknown, "message_id": mint("msg"),
+                                              "response_id": mint("rsp")})
+        await console.send(console.sign(elsewhere))
+        await console.respond(requested.request_id, "deny", "not on a Friday", "", "tester")
+        await next_event(events, "turn.completed")
     await verified(deployment)
     shown = await asyncio.to_thread(signoff, deployment, "audit", "show", session_id)
-    assert f"a response by tester to {requested.request_id} was refused: digest_mismatch" in shown.stdout
+    story = shown.stdout
+    assert f"a response by tester to {requested.request_id} was refused: digest_mismatch" in story
+    assert f"tester denied {requested.request_id} via channel cli" in story
+    assert f"{requested.request_id} was denied by tester: not on a Friday" in story
+    assert "closed as denied (denied_by_person: not on a Friday)" in story
+    shown = await asyncio.to_thread(signoff, deployment, "audit", "show", unknown)
+    assert "was refused: unknown_request" in shown.stdout and "  --  " in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("table", ["audit_log", "audit_chain"])
