@@ -156,7 +156,14 @@ async def provision_database(settings: Settings) -> list[str]:
                 await conn.execute(text(f"{verb} ROLE \"{role}\" LOGIN PASSWORD '{password}'"))
                 done.append(f"database role {role} " + ("kept" if exists else "made"))
             ledger = roles["approval-ledger"]
-            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}" AUTHORIZATION "{ledger}"'))
+            # The schema is the administrator's, not the ledger's: a schema's owner may drop
+            # any table in it, the audit log included. The ledger creates (and owns) the rest.
+            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            owner = await conn.scalar(
+                text("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = :s"), {"s": schema}
+            )
+            if owner == ledger:  # made by an earlier setup
+                await conn.execute(text(f'ALTER SCHEMA "{schema}" OWNER TO CURRENT_USER'))
             await conn.execute(text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{ledger}"'))
             # Tables migrated before roles existed become the ledger's.
             owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})

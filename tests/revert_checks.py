@@ -163,6 +163,10 @@ MUTATIONS = [
    "    async def commit(self) -> None:\n        if self._audit:\n            async with self._engine.begin() as side:\n"
    "                await side.execute(_INSERT[AUDIT], self._audit)\n            self._audit = []\n        await self.flush(final=True)",
    "tests/crash/test_audit_log_crash.py"),
+  ("the ledger's role owns the schema, so it may drop the audit log", "shared/provisioning.py",
+   "            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS \"{schema}\"'))",
+   "            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS \"{schema}\" AUTHORIZATION \"{ledger}\"'))",
+   "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
 ]
 
 

@@ -141,7 +141,7 @@ async def test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log(
     for identity in ("approval-ledger", "publisher", "tool-executor", "console"):
         async with pg_deployment.engine(identity) as engine:
             for statement in (f"UPDATE {table} SET hash = hash", f"DELETE FROM {table}", f"TRUNCATE {table}",
-                              f"ALTER TABLE {table} ADD COLUMN forged text"):
+                              f"ALTER TABLE {table} ADD COLUMN forged text", f"DROP TABLE {table} CASCADE"):
                 with pytest.raises(ProgrammingError, match="permission denied|must be owner"):
                     async with engine.begin() as conn:
                         await conn.execute(text(statement))
