@@ -106,7 +106,7 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
 # Any constant: it keeps two setups from making roles at once.
 ROLES_LOCK = 0x51600F
 DATABASE_IDENTITIES = ("approval-ledger", "publisher", "tool-executor", "console")
-# What each role may do beyond reading the schema's version; the ledger owns every table.
+# What each role may do beyond reading the schema's version; the ledger owns every table but the audit log's.
 GRANTS = {
     "publisher": (
         "SELECT, UPDATE (sent_at) ON outbox",
@@ -130,7 +130,7 @@ AUDIT_TABLES = ("audit_log", "audit_chain")
 
 async def provision_database(settings: Settings) -> list[str]:
     """One PostgreSQL role per service (and one, read-only, for the console): the
-    ledger's owns the schema and its tables and migrates them; the publisher may only
+    ledger's owns its tables (not the schema, nor the audit log's) and migrates them; the publisher may only
     mark outbox rows sent and keep its hook deliveries; the executor may only read the
     calls and their decisions and keep its claims. Nothing but the ledger can write a
     decision. Run as SIGNOFF_DATABASE_URL's user (an administrator); idempotent."""
