@@ -72,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         help="each service replica (ready?), each queue, relay lag, approvals waiting, dead letters; "
         "exits 1 when something needs a person",
     )
+    audit = commands.add_parser("audit", help="the tamper-evident audit log: verify, show a session, export")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    audit_commands.add_parser("verify", help="check both hash chains; name the first broken entry (exit 1)")
+    audit_show = audit_commands.add_parser("show", help="a session's story, as a person reads it")
+    audit_show.add_argument("session_id")
+    export = audit_commands.add_parser("export", help="every entry as a JSON line")
+    export.add_argument("--output", help="a file to write (default: standard output)")
+    export.add_argument("--session", help="only this session's entries")
 
     args = parser.parse_args(argv)
     settings = Settings()
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from services import console
         from shared.runtime import check_reachable
 
-        if args.command in ("migrate", "session", "pending"):
+        if args.command in ("migrate", "session", "pending", "audit"):
             check_reachable(settings, only=("PostgreSQL",))
 
         if args.command == "setup":
@@ -114,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             from services.status import show_status
 
             return asyncio.run(show_status(settings))
+        if args.command == "audit" and args.audit_command == "verify":
+            return asyncio.run(console.audit_verify(settings))
+        if args.command == "audit" and args.audit_command == "show":
+            return asyncio.run(console.audit_show(settings, args.session_id))
+        if args.command == "audit":
+            return asyncio.run(console.audit_export(settings, args.output, args.session))
         if args.command == "dead-letters":
             return asyncio.run(console.dead_letters(settings, args.limit))
     except KeyboardInterrupt:

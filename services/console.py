@@ -17,11 +17,19 @@ from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
 from services.supervisor import Supervisor
-from shared import keyring
+from shared import audit, keyring
 from shared.consuming import publish
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
-from shared.ledger.tables import ApprovalRequest, Closure, ProviderAttemptRow, Session, TranscriptRow, Turn
+from shared.ledger.tables import (
+    TABLES,
+    ApprovalRequest,
+    Closure,
+    ProviderAttemptRow,
+    Session,
+    TranscriptRow,
+    Turn,
+)
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
 from shared.provisioning import provision_broker, provision_database
 from shared.redaction import redact_text, redact_value
@@ -314,6 +322,88 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
                 print(f"(the first {limit} shown; --limit shows more)")
         finally:
             await channel.close()
+    return 0
+
+
+AUDIT, AUDIT_CHAIN, AUDIT_HEAD = TABLES["audit_log"], TABLES["audit_chain"], TABLES["audit_head"]
+
+
+async def read_audit(
+    settings: Settings, session_id: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
+    """The audit entries (of one session, or all) in id order, the global chain's links
+    up to its head, and the head. Read head first, then links up to it, then entries:
+    each read is consistent with the ones before without a snapshot, because links
+    and entries are only ever added."""
+    engine = create_engine(settings, identity="console", pool_size=2)
+    try:
+        async with engine.connect() as db:
+            found = (await db.execute(select(AUDIT_HEAD).where(AUDIT_HEAD.c.id == 1))).first()
+            head = dict(found._mapping) if found else None
+            links = select(AUDIT_CHAIN).where(AUDIT_CHAIN.c.seq <= (head["seq"] if head else 0))
+            entries = select(AUDIT).order_by(AUDIT.c.id)
+            if session_id is not None:
+                entries = entries.where(AUDIT.c.session_id == session_id)
+                links = links.where(
+                    AUDIT_CHAIN.c.entry_id.in_(select(AUDIT.c.id).where(AUDIT.c.session_id == session_id))
+                )
+            chain = [dict(r._mapping) for r in await db.execute(links.order_by(AUDIT_CHAIN.c.seq))]
+            rows = [dict(r._mapping) for r in await db.execute(entries)]
+    finally:
+        await engine.dispose()
+    return rows, chain, head
+
+
+async def audit_verify(settings: Settings) -> int:
+    """Check both chains; name the first broken entry and fail if there is one."""
+    entries, chain, head = await read_audit(settings)
+    verdict = audit.verify(entries, chain, head, by_txid=settings.is_postgres)
+    if verdict.broken is not None:
+        print(f"signoff audit: BROKEN at {verdict.broken.line()}", file=sys.stderr)
+        return 1
+    head_hash = head["hash"] if head else None
+    print(
+        f"signoff audit: intact: {verdict.entries} entries, {verdict.linked} in the global chain "
+        f"(head #{head['seq'] if head else 0} {head_hash}), {verdict.pending} written since its last link"
+    )
+    return 0
+
+
+async def audit_show(settings: Settings, session_id: str) -> int:
+    """A session's story from its audit entries, as a person reads it."""
+    entries, _, _ = await read_audit(settings, session_id)
+    if not entries:
+        print(f"signoff: no audit entries for session {session_id}", file=sys.stderr)
+        return 1
+    broken = audit.first(audit.session_problems(entries))
+    state = "chain intact" if broken is None else f"chain BROKEN at {broken.line()}"
+    print(f"session {session_id}: {len(entries)} audit entries, {state}")
+    for entry in entries:
+        seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
+        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {audit.story(entry)}")
+    return 0 if broken is None else 1
+
+
+async def audit_export(settings: Settings, output: str | None, session_id: str | None = None) -> int:
+    """Every entry (or one session's) as a JSON line, with its place in the global chain
+    (null while not yet linked): a copy to keep elsewhere, whose last link anchors it."""
+    entries, chain, _ = await read_audit(settings, session_id)
+    link_of = {link["entry_id"]: link for link in chain}
+    handle = open(output, "w", encoding="utf-8") if output else sys.stdout
+    try:
+        for entry in entries:
+            link = link_of.get(entry["id"])
+            line = {
+                **{k: v for k, v in entry.items() if k != "txid"},
+                "recorded_at": entry["recorded_at"].isoformat(),
+                "link": None if link is None else {"seq": link["seq"], "hash": link["hash"]},
+            }
+            handle.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+    finally:
+        if output:
+            handle.close()
+    if output:
+        print(f"signoff audit: {len(entries)} entries written to {output}", file=sys.stderr)
     return 0
 
 

@@ -106,7 +106,7 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
 # Any constant: it keeps two setups from making roles at once.
 ROLES_LOCK = 0x51600F
 DATABASE_IDENTITIES = ("approval-ledger", "publisher", "tool-executor", "console")
-# What each role may do beyond reading the schema's version; the ledger owns every table.
+# What each role may do beyond reading the schema's version; the ledger owns every table but the audit log's.
 GRANTS = {
     "publisher": (
         "SELECT, UPDATE (sent_at) ON outbox",
@@ -122,9 +122,15 @@ GRANTS = {
 }
 
 
+# Append-only for every service: the administrator who runs setup owns these tables,
+# the ledger may only add and read entries, the console only read; nobody but that
+# owner may UPDATE, DELETE or TRUNCATE them (docs/design.md, "The audit log").
+AUDIT_TABLES = ("audit_log", "audit_chain")
+
+
 async def provision_database(settings: Settings) -> list[str]:
     """One PostgreSQL role per service (and one, read-only, for the console): the
-    ledger's owns the schema and its tables and migrates them; the publisher may only
+    ledger's owns its tables (not the schema, nor the audit log's) and migrates them; the publisher may only
     mark outbox rows sent and keep its hook deliveries; the executor may only read the
     calls and their decisions and keep its claims. Nothing but the ledger can write a
     decision. Run as SIGNOFF_DATABASE_URL's user (an administrator); idempotent."""
@@ -150,11 +156,18 @@ async def provision_database(settings: Settings) -> list[str]:
                 await conn.execute(text(f"{verb} ROLE \"{role}\" LOGIN PASSWORD '{password}'"))
                 done.append(f"database role {role} " + ("kept" if exists else "made"))
             ledger = roles["approval-ledger"]
-            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}" AUTHORIZATION "{ledger}"'))
+            # The schema is the administrator's, not the ledger's: a schema's owner may drop
+            # any table in it, the audit log included. The ledger creates (and owns) the rest.
+            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            owner = await conn.scalar(
+                text("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = :s"), {"s": schema}
+            )
+            if owner == ledger:  # made by an earlier setup
+                await conn.execute(text(f'ALTER SCHEMA "{schema}" OWNER TO CURRENT_USER'))
             await conn.execute(text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{ledger}"'))
             # Tables migrated before roles existed become the ledger's.
             owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
-            for table in list(owned):
+            for table in [t for t in owned if t not in AUDIT_TABLES]:
                 await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
             for name in ("publisher", "tool-executor", "console"):
                 await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
@@ -175,7 +188,32 @@ async def provision_database(settings: Settings) -> list[str]:
     finally:
         await engine.dispose()
     done.append(f"migrated schema {schema} as {roles['approval-ledger']} and granted each role its tables")
+    done.append(await _seal_audit_tables(settings, schema, roles))
     return done
+
+
+async def _seal_audit_tables(settings: Settings, schema: str, roles: dict[str, str]) -> str:
+    """The audit tables become the administrator's (the ledger's migration made them),
+    and the ledger keeps INSERT and SELECT alone: an owner may always grant itself
+    more, so the ledger must not own them."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    ledger, console = roles["approval-ledger"], roles["console"]
+    admin = create_async_engine(settings.ledger_url)
+    try:
+        async with admin.begin() as conn:
+            for table in AUDIT_TABLES:
+                qualified = f'"{schema}"."{table}"'
+                await conn.execute(text(f"ALTER TABLE {qualified} OWNER TO CURRENT_USER"))
+                await conn.execute(text(f'REVOKE ALL ON {qualified} FROM "{ledger}"'))
+                await conn.execute(text(f'GRANT SELECT, INSERT ON {qualified} TO "{ledger}"'))
+                await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{console}"'))
+            # The entries' ids come from the table's sequence, which moved with it.
+            await conn.execute(text(f'GRANT USAGE ON SEQUENCE "{schema}"."audit_log_id_seq" TO "{ledger}"'))
+    finally:
+        await admin.dispose()
+    return f"the audit log ({', '.join(AUDIT_TABLES)}): {ledger} may only INSERT and SELECT, no service may change it"
 
 
 async def remove_database_identities(settings: Settings) -> None:

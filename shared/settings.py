@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     inbox_retention_seconds: float = 7 * 24 * 3600.0
     hook_retention_seconds: float = 7 * 24 * 3600.0
     retention_sweep_seconds: float = 60.0
+    # How often the ledger links new audit entries into the global chain (services/approval_ledger/audit.py).
+    audit_link_seconds: float = 0.5
     # How long the ledger's authorization on a `tool.execute` holds.
     authorization_ttl_seconds: float = 24 * 3600.0
     # Each service and channel connects to RabbitMQ as its own user, with only the

@@ -64,7 +64,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select
 
 from shared.dead_letters import CONSUMER_HEADER, REASON_HEADER
-from shared.ledger.tables import Base, Decision, ExecutionClaim, OutboxRow, Session, ToolCall, Turn
+from shared.ledger.tables import AuditEntry, Base, Decision, ExecutionClaim, OutboxRow, Session, ToolCall, Turn
 from shared.messages import (
     EVENT,
     CancelTurn,
@@ -885,7 +885,8 @@ class FuzzRun:
             calls = set(await db.scalars(select(ToolCall.id)))
             requests = set(await db.scalars(select(Base.metadata.tables["approval_requests"].c.id)))
             for table in Base.metadata.sorted_tables:
-                if table.name in ("inbox", "outbox"):
+                # The inbox and outbox record the garbage's rejections, and so does the audit log (below).
+                if table.name in ("inbox", "outbox", "audit_log"):
                     continue
                 for column, allowed in (("session_id", real), ("request_id", requests), ("call_id", calls)):
                     if column in table.c:
@@ -904,6 +905,11 @@ class FuzzRun:
             claims = await db.scalar(select(func.count()).select_from(ExecutionClaim))
             if decisions != len(real) or claims != len(real):
                 violations.append(f"{decisions} decisions and {claims} execution claims, expected {len(real)}")
+            audited = (await db.execute(select(AuditEntry.session_id, AuditEntry.kind, AuditEntry.session_seq))).all()
+            odd_entries = {(s, kind, seq) for s, kind, seq in audited if s not in real and (
+                kind not in ("response.rejected", "message.rejected", "execution.refused") or seq is not None)}
+            if odd_entries:
+                violations.append(f"the garbage's sessions got audit entries other than refusals {sorted(odd_entries)[:10]}")
             outbox = (await db.execute(select(OutboxRow.session_id, OutboxRow.message_type).distinct())).all()
             odd = {(s, t) for s, t in outbox if s not in real and t not in ("message.rejected", "operator.alerted")}
             if odd:

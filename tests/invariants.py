@@ -7,7 +7,9 @@ settled. `make bench`, `make chaos` (and its short test) and the harness's
   to `queue_timeout` for it to drain), nothing dead-lettered;
 - every committed outbox row was relayed (no `sent_at` missing);
 - no session is still `running`;
-- no call is `closed` without a closure.
+- no call is `closed` without a closure;
+- the audit log verifies: every entry and both hash chains intact (entries not
+  yet linked into the global chain are allowed).
 Given what the client saw (`shown`: call id -> the request ids its
 `approval.requested` events carried):
 - every request shown is in the ledger, and is pending or its call is closed;
@@ -35,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import and_, exists, func, select
 
+from shared import audit
 from shared.ledger.tables import (
     ApprovalRequest,
     Closure,
@@ -120,6 +123,10 @@ async def check_run(console, *, queue_timeout: float = 0.0, shown: dict[str, set
             unclosed = await db.scalar(select(func.count()).select_from(ToolCall).where(
                 ~exists().where(Closure.call_id == ToolCall.id)))
             outputs = list(await db.scalars(select(Closure.output).where(Closure.kind == "output")))
+    from services.console import read_audit
+
+    audited = audit.verify(*await read_audit(console.settings), by_txid=console.settings.is_postgres)
+    figures["audit_entries"] = audited.entries
     left = await queues_left(console, console.topology.namespace, queue_timeout)
     dead_letter_queue = console.topology.dead_letter_queue.name
     figures["dead_letters"] = left.get(dead_letter_queue, 0)
@@ -141,6 +148,8 @@ async def check_run(console, *, queue_timeout: float = 0.0, shown: dict[str, set
         verdict.violations += [f"an outward call ran {n} times (key {key})" for key, n in keys.items() if n > 1]
     for call_id in closed_unclosed:
         require(False, f"call {call_id} is closed without a closure")
+    if audited.broken is not None:
+        require(False, f"the audit log is broken at {audited.broken.line()}")
     running = figures["sessions_by_status"].get("running", 0)
     require(not running, f"{running} session(s) still running after settling")
     require(not figures["unsent"], f"{figures['unsent']} outbox row(s) never sent")

@@ -226,6 +226,36 @@ MUTATIONS = [
    "    return text",
    "tests/integration/test_secrets.py::test_a_canary_secret_reaches_the_target_and_nothing_else_through_approval_failure_retry_and_dead_letters[sqlite]"),
 
+  ("audit: verify does not check an entry against its hash", "shared/audit.py",
+   "        if entry_hash(entry, entry[\"prev_hash\"]) != entry[\"hash\"]:\n            problems.append(",
+   "        if False:\n            problems.append(",
+   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed "
+   "tests/unit/test_audit_chain.py::test_a_changed_entry_is_named_even_when_later_ones_are_intact"),
+  ("audit: an entry not chained to its session's entry before it", "shared/audit.py",
+   "        \"prev_hash\": None if head is None else head[1],",
+   "        \"prev_hash\": None,",
+   "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed[sqlite] "
+   "tests/unit/test_audit_chain.py::test_each_entry_names_the_hash_of_its_sessions_entry_before_it_and_each_link_the_link_before"),
+  ("audit tables left to the ledger's role, which may then UPDATE and DELETE them", "shared/provisioning.py",
+   "    done.append(await _seal_audit_tables(settings, schema, roles))\n",
+   "",
+   "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
+  ("audit: the global chain links up to the newest transaction, not below the oldest running one",
+   "services/approval_ledger/audit.py",
+   "pg_snapshot_xmin(pg_current_snapshot())",
+   "pg_snapshot_xmax(pg_current_snapshot())",
+   "tests/integration/test_audit_log.py::test_entries_of_a_transaction_held_open_while_later_ones_are_linked_join_the_global_chain_after_it"),
+  ("audit entries committed apart from their transition (before it)", "services/approval_ledger/unit_of_work.py",
+   "    async def commit(self) -> None:\n        await self.flush(final=True)",
+   "    async def commit(self) -> None:\n        if self._audit:\n            async with self._engine.begin() as side:\n"
+   "                await side.execute(_INSERT[AUDIT], self._audit)\n            self._audit = []\n        await self.flush(final=True)",
+   "tests/crash/test_audit_log_crash.py"),
+  ("the ledger's role owns the schema, so it may drop the audit log", "shared/provisioning.py",
+   "            if owner == ledger:  # made by an earlier setup\n"
+   "                await conn.execute(text(f'ALTER SCHEMA \"{schema}\" OWNER TO CURRENT_USER'))",
+   "            if schema != 'public':\n"
+   "                await conn.execute(text(f'ALTER SCHEMA \"{schema}\" OWNER TO \"{ledger}\"'))",
+   "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
 ]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared import faults
+from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import ParkedMessage
@@ -111,6 +112,15 @@ async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | No
         records.refusal(uow, session, command, refused)
         return
     turn_id = records.new_turn(uow, session, command.started_by)
+    uow.audit(
+        session,
+        session.id,
+        "turn.started",
+        subject=turn_id,
+        actor=command.started_by,
+        message_id=command.message_id,
+        text_digest=digest_of(command.text),
+    )
     records.session_starter(uow, session, domain.session_starter(session.started_by, command.started_by))
     records.append(uow, session, TranscriptEntry(role="user", text=command.text))
     session.updated_at = uow.now
@@ -190,6 +200,20 @@ async def _plan_and_record_calls(
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
     for position, (plan, call) in enumerate(zip(plans, calls, strict=True)):
+        uow.audit(
+            session,
+            session.id,
+            "call.proposed",
+            subject=call.id,
+            actor="model",
+            message_id=cause.message_id,
+            tool=call.tool,
+            call_digest=ledger.authority.digest(
+                call.id, call.tool, plan.spec.version if plan.spec else "", call.arguments
+            ),
+            plan={"ask": "ask", "execute": "run", "close": "close"}[plan.action],
+            reason_code=plan.reason_code,
+        )
         if plan.action == "close":
             closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
             records.closure(uow, session, call, closed, cause, stored=False)
@@ -240,8 +264,8 @@ async def respond_to_approval(
         records.refusal(uow, session, response, refused)
         return
     assert session is not None and request is not None
-    records.accepted(uow, request, response)
     counted = domain.tally(policy, request, response.decision)
+    records.accepted(uow, session, request, response, counted)
     if not counted.decides:
         records.approval_counted(uow, session, request, response, counted)
         return
@@ -265,7 +289,7 @@ async def _decide(
     when_committed(APPROVAL_OUTCOMES.labels(tool, domain.request_status_after(response.decision)).inc)
     if request.created_at is not None:
         when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, _seconds(request.created_at, uow.now)))
-    records.decision(uow, request.id, response)
+    records.decision(uow, session, request, response)
     call.note = domain.note_of(response)
     uow.emit(
         session,
@@ -302,6 +326,29 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         # but the inbox row keeps it from being looked at again.
         log.info("ignored a report for call %s in status %s", call.id, call.status)
         return
+    claim = await reads.claim(uow, call.id)
+    if claim is not None:
+        uow.audit(
+            session,
+            session.id,
+            "execution.claimed",
+            subject=call.id,
+            actor=claim.holder,
+            message_id=report.message_id,
+            attempt=claim.attempts,
+            claimed_at=claim.claimed_at.isoformat(),
+        )
+    uow.audit(
+        session,
+        session.id,
+        "execution.finished",
+        subject=call.id,
+        actor=sender.get(),
+        message_id=report.message_id,
+        outcome=report.outcome,
+        output_digest=None if report.output is None else digest_of(report.output),
+        error_digest=None if report.error is None else digest_of(report.error),
+    )
     closed = domain.closure_of_outcome(report)
     records.closure(uow, session, call, closed, report)
     if domain.needs_operator(closed):
@@ -318,6 +365,17 @@ async def execution_refused(
     """The executor refused a `tool.execute` it could not verify: nothing ran, and
     only a person can tell whether someone is forging commands."""
     log.warning("the executor refused call %s: %s", refusal.call_id, refusal.reason_code)
+    uow.audit(
+        session,
+        refusal.session_id,
+        "execution.refused",
+        subject=refusal.call_id,
+        actor=sender.get(),
+        message_id=refusal.message_id,
+        tool=refusal.tool,
+        reason_code=refusal.reason_code,
+        reason_digest=digest_of(refusal.reason_text),
+    )
     uow.emit(
         session,
         OperatorAlerted(
@@ -384,6 +442,7 @@ async def escalate_request(ledger: Ledger, request_id: str, session_id: str) -> 
             return False
         uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now)
         escalated_to = sorted(ledger.catalogue.principals(spec.escalation.to))
+        uow.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
         uow.emit(
             session,
             ApprovalEscalated(

@@ -16,6 +16,7 @@ from shared.runtime import prepare
 from shared.settings import Settings
 
 from . import handlers
+from .audit import link_forever
 from .authority import Authority
 from .backlog import measure_forever
 from .handlers import Ledger
@@ -80,6 +81,7 @@ async def run(settings: Settings) -> None:
             handlers.sweep_expired_requests(ledger, settings.expiry_sweep_seconds),
             sweep_forever(engine, retention, settings.retention_sweep_seconds),
             *([measure_forever(engine, BACKLOG_SECONDS)] if settings.metrics_port else []),
+            link_forever(engine, settings.audit_link_seconds),
         )
 
     try:

@@ -28,6 +28,7 @@ APPROVALS = TABLES["approvals"]
 CLOSURES = TABLES["closures"]
 TURNS = TABLES["turns"]
 SESSIONS = TABLES["sessions"]
+CLAIMS = TABLES["execution_claims"]
 
 _pending = APPROVAL_REQUESTS.alias("pending")
 
@@ -288,3 +289,11 @@ def _call(row: Row) -> Call:
         closure=closure,
         note=Note(row.responder, row.message) if row.message else None,
     )
+
+
+_CLAIM = select(CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at).where(CLAIMS.c.call_id == bindparam("call_id"))
+
+
+async def claim(uow: UnitOfWork, call_id: str) -> Row | None:
+    """The executor's claim on a call as it stands (holder, attempts, claimed_at), for the audit log."""
+    return (await uow.db.execute(_CLAIM, {"call_id": call_id})).first()

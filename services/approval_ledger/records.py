@@ -14,7 +14,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
+from shared.consuming import sender
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import (
@@ -85,6 +87,31 @@ def _id_of(cause: Envelope | None) -> str | None:
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
     when_committed(MESSAGES_REJECTED.labels(message.type, refused.reason_code).inc)
+    if isinstance(message, RespondToApproval):
+        uow.audit(
+            session,
+            message.session_id,
+            "response.rejected",
+            subject=message.request_id,
+            actor=message.responder,
+            message_id=message.message_id,
+            decision=message.decision,
+            channel=message.key_id,
+            response_id=message.response_id,
+            reason_code=refused.reason_code,
+            reason_text=refused.reason_text,
+        )
+    else:
+        uow.audit(
+            session,
+            message.session_id,
+            "message.rejected",
+            actor=sender.get(),
+            message_id=message.message_id,
+            type=message.type,
+            reason_code=refused.reason_code,
+            reason_text=refused.reason_text,
+        )
     uow.emit(
         session,
         MessageRejected(
@@ -134,15 +161,20 @@ def session_starter(uow: UnitOfWork, session: SessionState, starter: str | None)
 def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed | TurnCancelled) -> None:
     """The turn ends as the event says, and the session can take a new one (idle, or
     cancelled: it says so until then)."""
+    said: dict[str, str | None]
     if isinstance(ended, TurnCompleted):
         uow.update(TURNS, ended.turn_id, status="completed", final_text=ended.text, completed_at=uow.now)
         session.status = "idle"
+        said = {"status": "completed", "text_digest": digest_of(ended.text)}
     elif isinstance(ended, TurnFailed):
         uow.update(TURNS, ended.turn_id, status="failed", final_text=None, completed_at=uow.now)
         session.status = "idle"
+        said = {"status": "failed", "reason_code": ended.reason_code, "reason_digest": digest_of(ended.reason_text)}
     else:
         uow.update(TURNS, ended.turn_id, status="cancelled", final_text=None, completed_at=uow.now)
         session.status = "cancelled"
+        said = {"status": "cancelled", "by": ended.cancelled_by, "reason": ended.reason}
+    uow.audit(session, session.id, "turn.ended", subject=ended.turn_id, message_id=ended.causation_id, **said)
     uow.emit(session, ended)
 
 
@@ -289,6 +321,18 @@ def approval_request(
     (random, 256 bits) leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
     when_committed(APPROVALS_REQUESTED.labels(tool_label(call.tool)).inc)
+    uow.audit(
+        session,
+        session.id,
+        "approval.requested",
+        subject=request_id,
+        message_id=_id_of(cause),
+        call_id=call.id,
+        tool=call.tool,
+        args_digest=args_digest,
+        approvals_required=approvals_required,
+        expires_at=expires_at.isoformat(),
+    )
     uow.add(
         APPROVAL_REQUESTS,
         {
@@ -347,6 +391,15 @@ def execution(
     if stored:
         uow.update(TOOL_CALLS, call.id, status="executing")
     call.status = "executing"
+    uow.audit(
+        session,
+        session.id,
+        "execution.authorized",
+        subject=call.id,
+        message_id=_id_of(cause),
+        tool=call.tool,
+        request_id=request_id,
+    )
     command = ExecuteTool(
         session_id=session.id,
         causation_id=_id_of(cause),
@@ -358,9 +411,27 @@ def execution(
     uow.emit(session, authority.authorize(command, request_id=request_id, at=uow.now))
 
 
-def accepted(uow: UnitOfWork, request: RequestOnRecord, response: RespondToApproval) -> None:
+def accepted(
+    uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
+) -> None:
     """What every accepted response leaves: an approval is counted (one row per
-    request and responder), and a token is redeemed."""
+    request and responder), a token is redeemed, and the audit log says who
+    answered, through which channel (with the count while more are needed)."""
+    uow.audit(
+        session,
+        session.id,
+        "response.accepted",
+        subject=request.id,
+        actor=response.responder,
+        message_id=response.message_id,
+        decision=response.decision,
+        channel=response.key_id,
+        response_id=response.response_id,
+        reason=response.reason,
+        message_digest=digest_of(response.message) if response.message else None,
+        count=None if counted.decides else counted.count,
+        required=None if counted.decides else counted.required,
+    )
     if response.decision == "approve":
         uow.add(
             APPROVALS,
@@ -399,7 +470,19 @@ def approval_counted(
     session.updated_at = uow.now
 
 
-def decision(uow: UnitOfWork, request_id: str, response: RespondToApproval) -> None:
+def decision(uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval) -> None:
+    request_id = request.id
+    uow.audit(
+        session,
+        session.id,
+        "approval.decided",
+        subject=request_id,
+        actor=response.responder,
+        message_id=response.message_id,
+        decision=response.decision,
+        reason=response.reason,
+        call_id=request.call_id,
+    )
     uow.add(
         DECISIONS,
         {
@@ -439,6 +522,21 @@ def closure(
         uow.update(TOOL_CALLS, call.id, status="closed")
     call.status = "closed"
     call.closure = closed
+    # A person's reason or a deadline are said; what a tool, the model or a parked
+    # message produced may echo a secret, so it is kept as a digest.
+    said = closed.kind in ("denied", "expired")
+    uow.audit(
+        session,
+        session.id,
+        "call.closed",
+        subject=call.id,
+        message_id=_id_of(cause),
+        closed_as=closed.kind,
+        reason_code=closed.reason_code,
+        reason_text=closed.reason_text if said else None,
+        reason_digest=None if said or closed.reason_text is None else digest_of(closed.reason_text),
+        output_digest=None if closed.output is None else digest_of(closed.output),
+    )
     uow.add(
         CLOSURES,
         {

@@ -8,6 +8,9 @@ it applied (invariant 8): past the horizon a redelivery of such a message would 
 applied again, so the horizon must exceed how long a message can wait in a queue
 after it was applied (seconds, in practice: the redelivery after a crash between
 commit and ack).
+
+The audit log (`audit_log`, `audit_chain`) is never swept: it is the record, and on
+PostgreSQL the ledger's role may not delete from it anyway (shared/provisioning.py).
 """
 
 from __future__ import annotations

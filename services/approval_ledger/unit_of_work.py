@@ -6,7 +6,13 @@ SQLAlchemy Core on one AsyncConnection, no ORM. The session row is read once
 `INSERT ... ON CONFLICT DO NOTHING`: no row inserted means a duplicate. The rows
 a transition creates or changes are collected here and written at commit: one
 INSERT per table with all its rows, parents first, then the updates, then the
-outbox rows in emission order. A handler never reads back what it wrote.
+outbox rows in emission order, then the audit entries. A handler never reads
+back what it wrote.
+
+Each audit entry is chained to the session's entry before it as it is made
+(`audit`): the session's row lock orders a session's transitions, so its chain
+cannot fork, and its head travels in the session row, written anyway. The
+global chain is linked after commit (`services/approval_ledger/audit.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Table, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from shared import faults
+from shared import audit, faults
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import Envelope, TranscriptEntry, now
@@ -27,6 +33,7 @@ from shared.topology import Topology
 SESSIONS = TABLES["sessions"]
 INBOX = TABLES["inbox"]
 OUTBOX = TABLES["outbox"]
+AUDIT = TABLES["audit_log"]
 # The tables a transition inserts into, parents before children (foreign keys).
 INSERT_ORDER: tuple[Table, ...] = tuple(
     TABLES[name]
@@ -54,7 +61,7 @@ _INBOX_INSERT = {
     ),
     ("sqlite", False): insert_unless_present(INBOX, "message_id", "sqlite"),
 }
-_INSERT = {table: table.insert() for table in (OUTBOX, *INSERT_ORDER)}
+_INSERT = {table: table.insert() for table in (OUTBOX, AUDIT, *INSERT_ORDER)}
 # The SET clause is the parameters' column names; every updated table has an `id` key.
 _UPDATE_BY_ID = {
     table: table.update().where(table.c.id == bindparam("id_"))
@@ -86,11 +93,14 @@ class SessionState:
     transcript_base: int = 0
     # Entries appended in this transition, in order (positions transcript_base + 1 ...).
     appended: list[TranscriptEntry] = field(default_factory=list)
-    # (status, event_seq, transcript_len, updated_at) as stored: what commit need not write again.
+    # The head of its audit chain: the last entry's number and hash.
+    audit_seq: int = 0
+    audit_hash: str | None = None
+    # What `written` was as stored: what commit need not write again.
     stored: tuple | None = None
 
     def written(self) -> tuple:
-        return (self.status, self.event_seq, self.transcript_len, self.updated_at)
+        return (self.status, self.event_seq, self.transcript_len, self.updated_at, self.audit_seq, self.audit_hash)
 
 
 class UnitOfWork:
@@ -105,6 +115,7 @@ class UnitOfWork:
         self._rows: dict[Table, list[dict[str, Any]]] = {}
         self._updates: dict[tuple[Table, Any], dict[str, Any]] = {}
         self._outbox: list[dict[str, Any]] = []
+        self._audit: list[dict[str, Any]] = []
         # Whether this transaction already queued its NOTIFY (with the inbox row).
         self._notified = False
 
@@ -158,6 +169,8 @@ class UnitOfWork:
             status_reason=row.status_reason,
             started_by=row.started_by,
             transcript_base=row.transcript_len,
+            audit_seq=row.audit_seq,
+            audit_hash=row.audit_hash,
         )
         self._session.stored = self._session.written()
         return self._session
@@ -209,6 +222,34 @@ class UnitOfWork:
         )
         return message
 
+    def audit(
+        self,
+        session: SessionState | None,
+        session_id: str,
+        kind: str,
+        *,
+        subject: str | None = None,
+        actor: str | None = None,
+        message_id: str | None = None,
+        **detail: Any,
+    ) -> None:
+        """Append an audit entry, chained to the session's last (shared/audit.py); written
+        with this transition's other rows, so it commits or vanishes with them."""
+        head = None if session is None else (session.audit_seq, session.audit_hash)
+        entry = audit.chained(
+            session_id=session_id,
+            head=head,
+            kind=kind,
+            subject=subject,
+            actor=actor,
+            message_id=message_id,
+            detail=detail,
+            at=self.now,
+        )
+        if session is not None:
+            session.audit_seq, session.audit_hash = entry["session_seq"], entry["hash"]
+        self._audit.append(entry)
+
     async def flush(self, *, final: bool = False) -> None:
         """Write what was collected so far: one INSERT per table, the updates, then the
         outbox rows in emission order; `final`: also the session row's changes and the
@@ -228,6 +269,9 @@ class UnitOfWork:
         if self._outbox:
             db.execute(_INSERT[OUTBOX], self._outbox)
             self._outbox = []
+        if self._audit:
+            db.execute(_INSERT[AUDIT], self._audit)
+            self._audit = []
         if not final:
             return
         if session is not None and session.written() != session.stored:
@@ -239,6 +283,8 @@ class UnitOfWork:
                     "event_seq": session.event_seq,
                     "transcript_len": session.transcript_len,
                     "updated_at": session.updated_at,
+                    "audit_seq": session.audit_seq,
+                    "audit_hash": session.audit_hash,
                 },
             )
             session.stored = session.written()

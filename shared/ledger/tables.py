@@ -6,6 +6,10 @@
 - `execution_claims.call_id` is the primary key: one claim per call (invariant 4).
 - `approvals` has one row per request and responder, and `approvals.response_id` is
   unique: a person's approval counts once towards a request, and a response once.
+- `audit_log` is appended to, never changed: `(session_id, session_seq)` is unique, so a
+  session's chain cannot fork, and `audit_chain.entry_id` is unique, so an entry is
+  linked into the global chain once. On PostgreSQL no service's role may UPDATE or
+  DELETE either (shared/provisioning.py).
 - `publisher_leader` has one row, whose `epoch` fences the publishers: every write a
   publisher makes commits only while the epoch is the one it took when it began to lead.
 """
@@ -77,6 +81,9 @@ class Session(Base):
     started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # The head of its audit chain: the last entry's number and hash (written with each transition).
+    audit_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    audit_hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
 
 
 class Turn(Base):
@@ -296,6 +303,58 @@ class PublisherLeader(Base):
     # Who leads, for operators: host and pid.
     holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
     since: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class AuditEntry(Base):
+    """One thing that happened, chained to the session's entry before it by hash
+    (shared/audit.py). Written in the ledger's transaction with the state it
+    describes; digests, never arguments, outputs or secrets."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (UniqueConstraint("session_id", "session_seq"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(Id)
+    # Its place in the session's chain (1, 2, …); None: its session was not on record
+    # (a message refused for an unknown session), so it is chained globally only.
+    session_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    # The request, call or turn it is about, and who acted.
+    subject: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    actor: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    message_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    detail: Mapped[dict[str, Any]]
+    recorded_at: Mapped[datetime]
+    prev_hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    hash: Mapped[str] = mapped_column(String(80))
+    # PostgreSQL: the writing transaction's id (a server default, migration 0009), the
+    # global chain's order; all ids below the oldest running transaction are final.
+    txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+
+
+class AuditLink(Base):
+    """The global chain: each entry, in commit order, linked to the link before it."""
+
+    __tablename__ = "audit_chain"
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("audit_log.id"), unique=True)
+    # The entry's hash when it was linked: rewriting the entry and its session chain shows here.
+    entry_hash: Mapped[str] = mapped_column(String(80))
+    prev_hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    hash: Mapped[str] = mapped_column(String(80))
+    linked_at: Mapped[datetime]
+
+
+class AuditHead(Base):
+    """The global chain's head, one row (id 1): its last link, and how far the linker
+    has come (PostgreSQL: the transaction id below which every entry is linked;
+    SQLite: the last linked entry id). Locked by each linking pass."""
+
+    __tablename__ = "audit_head"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    horizon: Mapped[int] = mapped_column(BigInteger, default=0)
+    linked_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 TABLES = Base.metadata.tables
