@@ -65,6 +65,7 @@ from sqlalchemy import func, select
 
 from shared.dead_letters import CONSUMER_HEADER, REASON_HEADER
 from shared.ledger.tables import Base, Decision, ExecutionClaim, OutboxRow, Session, ToolCall, Turn
+from shared.ledger.transcripts import EMPTY as EMPTY_TRANSCRIPT
 from shared.messages import (
     EVENT,
     CancelTurn,
@@ -158,15 +159,6 @@ ENVELOPE = _optional(causation_id=st.one_of(st.none(), GOOD_ID), schema_version=
                      sequence=st.one_of(st.none(), st.integers()))
 
 
-_TRANSCRIPT_CALL = st.fixed_dictionaries({"call_id": GOOD_ID, "provider_call_id": TEXT,
-                                          "name": st.one_of(st.sampled_from(TOOL_NAMES), TEXT),
-                                          "arguments": JSON_OBJECT})
-_TRANSCRIPT_ENTRY = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "tool"] * 3 + ["system"])},
-    optional={"text": TEXT, "tool_calls": st.lists(_TRANSCRIPT_CALL, max_size=2),
-              "call_id": st.one_of(st.none(), GOOD_ID), "provider_call_id": st.one_of(st.none(), TEXT),
-              "closure": st.one_of(st.none(), st.sampled_from(["output", "error", "denied", "expired"]), TEXT)},
-)
 _ATTEMPT = st.fixed_dictionaries(
     {"number": st.integers(1, 4), "status": st.sampled_from(["completed", "failed", "abandoned", "completed"]),
      "provider": st.one_of(st.just("scripted"), TEXT)},
@@ -204,7 +196,8 @@ BODIES: dict[str, st.SearchStrategy[dict]] = {
         {"step_id": st.one_of(_minted("stp"), GOOD_ID),
          "provider": st.one_of(st.sampled_from(["scripted", "openai", "anthropic", "nope", "scripted"]),
                                st.sampled_from(["", "Scripted", "a" * 65]), TEXT),
-         "transcript": st.lists(_TRANSCRIPT_ENTRY, max_size=3),
+         "transcript_length": st.integers(-1, 3),
+         "transcript_digest": st.one_of(st.just(EMPTY_TRANSCRIPT), st.just("sha256:" + "0" * 64), TEXT),
          "tools": st.lists(st.fixed_dictionaries({"name": TEXT, "description": TEXT, "parameters": JSON_OBJECT}),
                            max_size=2)}),
     "tool.execute": st.fixed_dictionaries(

@@ -3,7 +3,7 @@
 A transition reads what it needs on its unit of work's connection, after the
 session row is locked: a step; a call with every call of its step; or a request
 with its call and every call of its step. What a transition itself writes is
-never read back; the transcript is read only when a model step is requested.
+never read back; the transcript is read only to compute the digest of a session from before digests.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from datetime import datetime
 from sqlalchemy import Row, bindparam, func, select, union_all
 
 from shared.ledger.tables import TABLES
-from shared.messages import TranscriptEntry
 
-from .domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
+from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step
 from .unit_of_work import SessionState, UnitOfWork
 
 STEPS = TABLES["steps"]
@@ -28,6 +27,7 @@ APPROVALS = TABLES["approvals"]
 CLOSURES = TABLES["closures"]
 TURNS = TABLES["turns"]
 SESSIONS = TABLES["sessions"]
+CLAIMS = TABLES["execution_claims"]
 
 _pending = APPROVAL_REQUESTS.alias("pending")
 
@@ -260,13 +260,21 @@ async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
     return list(await uow.db.scalars(_PENDING, {"session_id": session_id}))
 
 
-async def transcript(uow: UnitOfWork, session: SessionState) -> list[TranscriptEntry]:
-    """The whole transcript: the rows stored before this transition, then the entries it appended."""
-    entries = []
+_CLAIM = select(CLAIMS.c.status, CLAIMS.c.outcome, CLAIMS.c.result).where(CLAIMS.c.call_id == bindparam("call_id"))
+
+
+async def claim(uow: UnitOfWork, call_id: str) -> ClaimOnRecord | None:
+    """The executor's claim on a call, as it stands (its recorded result with it)."""
+    row = (await uow.db.execute(_CLAIM, {"call_id": call_id})).first()
+    return None if row is None else ClaimOnRecord(row.status, row.outcome, row.result)
+
+
+async def transcript_rows(uow: UnitOfWork, session: SessionState) -> list[dict]:
+    """The whole transcript as stored (JSON-mode dumps): the rows, then the entries appended now."""
+    rows = []
     if session.transcript_base:
-        rows = await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base})
-        entries = [TranscriptEntry.model_validate(r) for r in rows]
-    return entries + session.appended
+        rows = list(await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base}))
+    return rows + [entry.model_dump(mode="json") for entry in session.appended]
 
 
 def _call(row: Row) -> Call:

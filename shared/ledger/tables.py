@@ -72,6 +72,9 @@ class Session(Base):
     # The sequence number of the last event published for this session.
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
     transcript_len: Mapped[int] = mapped_column(Integer, default=0)
+    # The digest chain of its transcript (shared/ledger/transcripts.py), named by each
+    # model-step request; None: made before digests, computed from its rows when needed.
+    transcript_digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
     status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Who started its first turn that named someone (separation of duties).
     started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
