@@ -115,6 +115,8 @@ GRANTS = {
         "SELECT, UPDATE ON publisher_leader",
         "SELECT ON alembic_version",
     ),
+    # The operator's console reads everything and records what it did with parked messages.
+    "console": ("INSERT ON dead_letter_actions",),
     # A step names its transcript (claim-check); the model-step reads it, nothing else.
     "model-step": ("SELECT ON transcript, alembic_version",),
     "tool-executor": (

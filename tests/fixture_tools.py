@@ -57,3 +57,8 @@ def emit_output(arguments: dict[str, Any], context: Any) -> str:
     size = int(arguments.get("bytes", 1 << 20))
     end = f"\nthe end of {size} characters"
     return ("0123456789abcdef" * (size // 16 + 1))[: size - len(end)] + end
+
+
+def fail_with_nul(arguments: dict[str, Any], context: Any) -> None:
+    """An error whose text holds a NUL, which PostgreSQL's text refuses."""
+    raise ValueError("the device said \x00 and stopped")

@@ -288,6 +288,25 @@ class HookDelivery(Base):
     given_up_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
+class DeadLetterAction(Base):
+    """What an operator did with a parked message (`signoff dead-letters replay|drop`):
+    written by the operator's console before the message leaves the dead-letter queue,
+    so a drop is never without its reason on record."""
+
+    __tablename__ = "dead_letter_actions"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    # replayed | dropped
+    action: Mapped[str] = mapped_column(String(16))
+    message_id: Mapped[str] = mapped_column(String(256), index=True)
+    message_type: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(256))
+    # Why it was parked (its reason and detail), and the operator's reason for the action.
+    parked_reason: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    operator: Mapped[str] = mapped_column(String(256))
+    acted_at: Mapped[datetime]
+
+
 class PublisherLeader(Base):
     """The relay's leadership, one row (id 1). A publisher that takes the lead (holding
     the advisory lock) adds one to `epoch`; every write it makes then checks, in its own

@@ -3,17 +3,14 @@ messages"): a model step names its transcript instead of carrying it, so the byt
 ledger stores per step stay flat however long a session grows; a tool result larger
 than any message is kept whole in the ledger and reaches the model truncated, saying so."""
 
-import json
-
 import pytest
-import yaml
 from sqlalchemy import select, text
 
-from shared.ledger.tables import TABLES, Closure, ExecutionClaim, OutboxRow, TranscriptRow
+from shared.ledger.tables import Closure, ExecutionClaim, OutboxRow, TranscriptRow, Turn
 from shared.ledger.transcripts import LedgerTranscripts, TranscriptMismatch, digest_of
 from shared.messages import StartTurn, mint
-from shared.settings import PROJECT_ROOT
 from tests.harness import assert_nothing_left_in_any_queue, next_event, rows
+from tests.long_session import TABLE_BYTES, bytes_per_step, long_script
 
 MEGABYTE = 1 << 20
 
@@ -81,42 +78,17 @@ async def test_a_step_reads_exactly_the_transcript_prefix_it_names_and_refuses_a
 TURNS, STEPS_PER_TURN = 10, 50
 
 
-def long_script(tmp_path):
-    """The fixtures' script, and sessions `long-*` of TURNS turns of STEPS_PER_TURN model
-    steps each: every step but a turn's last reads the clock (no approval)."""
-    script = yaml.safe_load((PROJECT_ROOT / "tests" / "fixtures" / "script.yaml").read_text())
-    turn = [{"text": "Reading the clock again.", "tool_calls": [{"name": "read_clock", "arguments": {}}]}] * (
-        STEPS_PER_TURN - 1) + [{"text": "That is the time."}]
-    script["sessions"]["long-*"] = turn * TURNS
-    path = tmp_path / "long-script.yaml"
-    path.write_text(yaml.safe_dump(script))
-    return path
-
-
-async def ledger_bytes(deployment) -> dict[str, int]:
-    """What each ledger table holds, in bytes (PostgreSQL's size of every row)."""
-    sizes = {}
-    async with deployment.engine("console") as engine, engine.connect() as conn:
-        for name in TABLES:
-            sizes[name] = int(await conn.scalar(text(f'SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM "{name}" t')))
-    return sizes
-
-
 async def test_a_500_step_session_stores_the_same_bytes_per_step_late_as_early(pg_deployment, tmp_path):
     deployment = pg_deployment
-    deployment.script_file = long_script(tmp_path)
+    deployment.script_file = long_script(tmp_path / "long.yaml", turns=TURNS, steps_per_turn=STEPS_PER_TURN)
     deployment.start()
-    session_id = mint("long").replace("_", "-")
-    per_step = []
+
+    async def measure():
+        async with deployment.engine("console") as engine, engine.connect() as conn:
+            return {name: int(await conn.scalar(text(query))) for name, query in TABLE_BYTES.items()}
+
     async with deployment.console() as console:
-        events = await console.watch(session_id)
-        before = await ledger_bytes(deployment)
-        for number in range(TURNS):
-            await console.send(StartTurn(session_id=session_id, text=f"turn {number}: what time is it"))
-            await next_event(events, "turn.completed", "turn.failed", timeout=300)
-            after = await ledger_bytes(deployment)
-            per_step.append({name: (after[name] - before[name]) / STEPS_PER_TURN for name in after})
-            before = after
+        per_step = await bytes_per_step(console, measure, turns=TURNS, steps_per_turn=STEPS_PER_TURN)
         await assert_nothing_left_in_any_queue(console, deployment.namespace)
     async with deployment.ledger() as ledger, ledger() as db:
         steps = await db.scalar(text("SELECT count(*) FROM steps"))
@@ -126,7 +98,24 @@ async def test_a_500_step_session_stores_the_same_bytes_per_step_late_as_early(p
     figures = (f"ledger bytes per step by turn of {STEPS_PER_TURN}: {[round(t) for t in totals]}; "
                f"outbox: {[round(o) for o in outbox]}")
     print(figures)
-    (deployment.data_dir / "bytes-per-step.json").write_text(json.dumps(per_step))
     # Flat: the last 50 steps store what the first 50 did, give or take a few digits of ids.
     assert totals[-1] <= 1.1 * totals[0], figures
     assert outbox[-1] <= 1.1 * outbox[0], figures
+
+
+async def test_service_text_with_a_nul_is_recorded_with_a_replacement_character_instead_of_failing(deployment):
+    """A tool's error and a model's answer are a service's text, not a person's: a NUL in
+    them (which PostgreSQL's text refuses) is replaced where the ledger records them."""
+    deployment.start()
+    session_id = mint("nul").replace("_", "-")
+    async with deployment.console() as console:
+        events = await console.watch(session_id)
+        await console.send(StartTurn(session_id=session_id, text="fail with a NUL"))
+        closed = await next_event(events, "tool.closed", timeout=60)
+        completed = await next_event(events, "turn.completed", "turn.failed", timeout=60)
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
+    assert completed.type == "turn.completed" and completed.text == "A final answer with a \x00 in it."
+    [closure] = await rows(deployment, Closure, call_id=closed.call_id)
+    assert (closure.kind, closure.reason_text) == ("error", "ValueError: the device said \ufffd and stopped")
+    [turn] = await rows(deployment, Turn, id=completed.turn_id)
+    assert turn.final_text == "A final answer with a \ufffd in it."
