@@ -164,15 +164,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="levels 1,4 at 3 s each, 1 recovery try")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="py-spy every service during the highest level; raw stacks and summary.txt in DIR")
-    parser.add_argument("--long-session-turns", type=int, default=10,
+    parser.add_argument("--long-session-turns", type=int, default=None,
                         help="turns of 50 model steps in the long session that measures ledger bytes per step "
-                             "(default 10: 500 steps; 0: none)")
+                             "(default 10: 500 steps, with --quick 2; 0: none)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     args = parser.parse_args(argv)
     if args.quick:
         args.levels, args.seconds, args.recovery_tries = "1,4", 3.0, 1
         args.floor_seconds, args.warmup_seconds = 1.5, 1.0
-        args.long_session_turns = min(args.long_session_turns, 2)
+    if args.long_session_turns is None:
+        args.long_session_turns = 2 if args.quick else 10
     args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
     if not args.levels or min(args.levels) < 1:
         parser.error("--levels needs positive integers, e.g. 1,16,64")
