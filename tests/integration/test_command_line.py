@@ -6,12 +6,13 @@ import re
 import subprocess
 import sys
 
-from shared.ledger.tables import DeadLetterAction, Decision, Session
-from shared.messages import RespondToApproval, mint
+from shared.ledger.tables import DeadLetterAction, Decision, ProviderAttemptRow, Session
+from shared.messages import RespondToApproval, StartTurn, mint
 from shared.settings import PROJECT_ROOT
 from tests.harness import (
     SERVICES,
     assert_nothing_left_in_any_queue,
+    drain_events,
     eventually,
     next_event,
     rows,
@@ -180,3 +181,34 @@ async def test_an_operator_drops_parked_messages_with_a_reason_that_the_ledger_k
     assert (actions["junk-2"].reason, actions["junk-2"].operator) == ("garbage from a load test", "olga")
     assert actions["junk-2"].parked_reason.startswith("invalid: (message): Invalid JSON")
     assert actions["junk-1"].reason == "all garbage"
+
+
+async def test_a_replayed_model_step_report_reaches_the_ledger_as_the_model_steps_own(sqlite_deployment):
+    """A parked `step.completed` counts only from the model-step's broker identity: the
+    replay sends it as that identity. Its turn had failed when it was parked, so the
+    ledger counts its attempt as discarded, and refuses nothing."""
+    deployment = sqlite_deployment
+    deployment.extra_env.update(SIGNOFF_DELIVERY_LIMIT="2")
+    deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
+    deployment.start("approval-ledger", faults="ledger.before_commit@step.completed:raise")
+    session_id = "read-" + mint("ses")
+    async with deployment.console() as console:
+        events = await console.watch(session_id)
+        await console.send(StartTurn(session_id=session_id, text="what time is it"))
+        failed = await next_event(events, "turn.failed", timeout=60)
+        assert failed.reason_code == "message_parked"
+        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        [report_id] = re.findall(r"  (\S+)  type=step.completed ", listed)
+        deployment.kill("approval-ledger")
+        deployment.start("approval-ledger")
+        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", "--all")
+        assert replayed.splitlines()[-1] == "1 message(s) replayed", replayed
+
+        async def discarded():
+            return [a for a in await rows(deployment, ProviderAttemptRow, report_message_id=report_id)
+                    if a.status == "discarded"]
+
+        await eventually(discarded)
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
+        seen = [e async for e in drain_events(events)]
+    assert not [e for e in seen if e.type == "message.rejected"], seen
