@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -75,4 +76,7 @@ def checked(rows: list[dict[str, Any]], length: int, digest: str) -> list[Transc
     found = digest_of(rows)
     if found != digest:
         raise TranscriptMismatch(f"the transcript's digest is {found}, not {digest} as asked for")
-    return [TranscriptEntry.model_validate(row) for row in rows]
+    try:
+        return [TranscriptEntry.model_validate(row) for row in rows]
+    except ValidationError as broken:
+        raise TranscriptMismatch(f"a stored entry is not a transcript entry: {broken}") from None

@@ -41,6 +41,10 @@ def test_a_step_gets_exactly_the_entries_it_names_or_a_mismatch():
         checked(entries[:1], 2, digest_of(entries))
     with pytest.raises(TranscriptMismatch, match="digest"):
         checked([entries[0], entry("c", "assistant")], 2, digest_of(entries))
+    # A row no entry can be read from fails the same way on every delivery: a mismatch, reported.
+    broken = [{"role": "system", "text": "x"}]
+    with pytest.raises(TranscriptMismatch, match="not a transcript entry"):
+        checked(broken, 1, digest_of(broken))
 
 
 class Provider:
