@@ -78,6 +78,8 @@ async def test_a_step_reads_exactly_the_transcript_prefix_it_names_and_refuses_a
 TURNS, STEPS_PER_TURN = 10, 50
 
 
+# 500 model steps and 450 tool calls take a minute or two on a busy machine: past the suite's 120 s default.
+@pytest.mark.timeout(900)
 async def test_a_500_step_session_stores_the_same_bytes_per_step_late_as_early(pg_deployment, tmp_path):
     deployment = pg_deployment
     deployment.script_file = long_script(tmp_path / "long.yaml", turns=TURNS, steps_per_turn=STEPS_PER_TURN)
