@@ -63,9 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     cancel.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
 
     dead = commands.add_parser(
-        "dead-letters", help="list parked (dead-lettered) messages with their reasons; they stay parked"
+        "dead-letters", help="list parked (dead-lettered) messages with their reasons; replay or drop them"
     )
     dead.add_argument("--limit", type=int, default=100, help="show at most this many (default 100)")
+    dead_commands = dead.add_subparsers(dest="dead_command")
+    replay = dead_commands.add_parser("replay", help="send parked messages back where they came from, after a fix")
+    drop = dead_commands.add_parser("drop", help="remove parked messages for good, with a reason (recorded)")
+    for verb in (replay, drop):
+        which = verb.add_mutually_exclusive_group(required=True)
+        which.add_argument("message_id", nargs="?", help="the parked message's id (as `signoff dead-letters` lists)")
+        which.add_argument("--all", action="store_true", help="every parked message")
+        verb.add_argument("--as", dest="operator", default=os.environ.get("USER", "cli"), help="who acts")
+    replay.add_argument("--reason", default="", help="why (recorded with the replay)")
+    drop.add_argument("--reason", required=True, help="why (recorded in the ledger)")
 
     commands.add_parser(
         "status",
@@ -128,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(console.audit_show(settings, args.session_id))
         if args.command == "audit":
             return asyncio.run(console.audit_export(settings, args.output, args.session))
+        if args.command == "dead-letters" and args.dead_command == "replay":
+            return asyncio.run(console.replay_dead_letters(settings, args.message_id, args.operator, args.reason))
+        if args.command == "dead-letters" and args.dead_command == "drop":
+            return asyncio.run(console.drop_dead_letters(settings, args.message_id, args.operator, args.reason))
         if args.command == "dead-letters":
             return asyncio.run(console.dead_letters(settings, args.limit))
     except KeyboardInterrupt:

@@ -407,6 +407,101 @@ async def audit_export(settings: Settings, output: str | None, session_id: str |
     return 0
 
 
+async def replay_dead_letters(settings: Settings, message_id: str | None, operator: str, reason: str = "") -> int:
+    """Send parked messages back where they came from (after the fault that parked them
+    is fixed): `message_id`, or every parked message (None). Each goes to the queue of
+    its type, as the sender that may send it (the ledger trusts a `step.completed` only
+    from the model-step's identity, whose password `signoff setup` keeps in the keys
+    folder), with its own message id, so consumers that already applied it drop it.
+    The action is recorded in the ledger before the parked copy is acked."""
+    return await _act_on_dead_letters(settings, message_id, "replayed", operator, reason)
+
+
+async def drop_dead_letters(settings: Settings, message_id: str | None, operator: str, reason: str) -> int:
+    """Remove parked messages for good (`message_id`, or all), the reason recorded in the
+    ledger (`dead_letter_actions`) before each leaves the queue."""
+    return await _act_on_dead_letters(settings, message_id, "dropped", operator, reason)
+
+
+async def _act_on_dead_letters(
+    settings: Settings, message_id: str | None, action: Literal["replayed", "dropped"], operator: str, reason: str
+) -> int:
+    """Take the parked messages unacknowledged, one by one; act on those asked for (record,
+    then replay or not, then ack); close the channel, which returns the others in order."""
+    from contextlib import AsyncExitStack
+
+    from shared.ledger.tables import DeadLetterAction
+    from shared.messages import now
+    from shared.topology import SENDERS
+
+    acted = refused = 0
+    async with AsyncExitStack() as stack:
+        console = await stack.enter_async_context(Console(settings))
+        senders: dict[str, Console] = {}
+        name = console.topology.dead_letter_queue.name
+        channel = await console.connection.channel()
+        stack.push_async_callback(channel.close)
+        queue = await channel.declare_queue(name, passive=True)
+        for _ in range(queue.declaration_result.message_count or 0):
+            raw = await queue.get(no_ack=False, fail=False)
+            if raw is None:
+                break
+            parked = describe_parked(raw.message_id, raw.body, raw.headers)
+            if message_id is not None and parked.message_id != message_id:
+                continue
+            sender = SENDERS.get(parked.message_type)
+            if action == "replayed" and sender is None:
+                print(
+                    f"{parked.message_id}: not replayed: its body names no message type Signoff takes "
+                    f"({parked.reason}); `signoff dead-letters drop` removes it",
+                    file=sys.stderr,
+                )
+                refused += 1
+                continue
+            async with console.sessions() as db, db.begin():
+                db.add(
+                    DeadLetterAction(
+                        id=mint("dla"),
+                        action=action,
+                        message_id=parked.message_id[:256],
+                        message_type=parked.message_type[:64],
+                        session_id=parked.session_id[:256],
+                        parked_reason=f"{parked.reason}: {parked.detail}",
+                        reason=reason,
+                        operator=operator,
+                        acted_at=now(),
+                    )
+                )
+            if action == "replayed":
+                assert sender is not None
+                identity = f"channel.{settings.channel}" if sender == "channel" else sender
+                if identity not in senders:
+                    senders[identity] = await stack.enter_async_context(Console(settings, identity))
+                by = senders[identity]
+                await by.broker.publish(
+                    raw.body,
+                    exchange=by.topology.inbound_exchange(parked.message_type).name,
+                    routing_key=parked.message_type,
+                    persist=True,
+                    message_id=parked.message_id,
+                    content_type="application/json",
+                    user_id=by.user,
+                    headers={"x-signoff-replayed-by": operator},
+                )
+            await raw.ack()
+            acted += 1
+            print(
+                f"{action} {parked.message_id}  type={parked.message_type} session={parked.session_id}  "
+                f"(parked: {parked.reason})"
+            )
+    if message_id is not None and acted == 0 and refused == 0:
+        print(f"signoff: no parked message {message_id}", file=sys.stderr)
+        return 1
+    if message_id is None:
+        print(f"{acted} message(s) {action}" + (f", {refused} could not be" if refused else ""))
+    return 1 if refused else 0
+
+
 def demo(settings: Settings) -> int:
     supervisor = Supervisor(settings)
     print(f"signoff: starting the four services (logs in {supervisor.log_dir})…", flush=True)

@@ -41,6 +41,9 @@ previous_deliveries: ContextVar[int] = ContextVar("previous_deliveries", default
 sender: ContextVar[str | None] = ContextVar("sender", default=None)
 
 
+NO_MESSAGE_ID = "message_id: Field required (a message must carry its own id; one made here would differ per delivery)"
+
+
 class Rejected(Exception):
     """A handler's verdict that a message can never succeed: dead-letter it with this reason."""
 
@@ -106,6 +109,11 @@ class Inbound:
         except ValidationError as error:
             logs.concerning_raw(raw.message_id, body)
             await self.dead_letter(raw, "invalid", _describe(error))
+            return "dead_lettered"
+        if "message_id" not in message.model_fields_set:
+            # The envelope's default would mint a new id on every delivery: no inbox or
+            # dedupe could recognise a redelivery, and nobody could name it in an answer.
+            await self.dead_letter(raw, "invalid", NO_MESSAGE_ID)
             return "dead_lettered"
         logs.concerning(message)
         if await self._already_handled(message.message_id):

@@ -186,10 +186,16 @@ class RespondToApproval(Envelope):
 
 
 class RequestModelStep(Envelope):
+    """A model step, by reference (claim-check): the transcript is not carried but named,
+    its first `transcript_length` entries in the ledger with their digest, which the
+    model-step reads and checks. The command, and its outbox row, stay the same size
+    however long the session grows (docs/design.md, "Bounded messages")."""
+
     type: Literal["step.requested"] = "step.requested"
     step_id: Identifier
     provider: str = Field(max_length=64, pattern=r"^[a-z0-9_-]+$")
-    transcript: list[TranscriptEntry]
+    transcript_length: int = Field(ge=0)
+    transcript_digest: str = Field(max_length=80, pattern=r"^sha256:[0-9a-f]{64}$")
     tools: list[ToolDescription]
 
 
@@ -234,6 +240,9 @@ class ToolExecuted(Envelope):
     outcome: Outcome
     output: Any = None
     error: ShortText | None = None
+    # The output was too large for a message: it is not carried (`output` is None) but
+    # kept whole in the call's execution claim, where the ledger reads it.
+    output_in_claim: bool = False
 
 
 class ApprovalRequested(Envelope):

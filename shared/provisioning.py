@@ -105,7 +105,7 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
 
 # Any constant: it keeps two setups from making roles at once.
 ROLES_LOCK = 0x51600F
-DATABASE_IDENTITIES = ("approval-ledger", "publisher", "tool-executor", "console")
+DATABASE_IDENTITIES = ("approval-ledger", "publisher", "model-step", "tool-executor", "console")
 # What each role may do beyond reading the schema's version; the ledger owns every table but the audit log's.
 GRANTS = {
     "publisher": (
@@ -115,6 +115,10 @@ GRANTS = {
         "SELECT, UPDATE ON publisher_leader",
         "SELECT ON alembic_version",
     ),
+    # The operator's console reads everything and records what it did with parked messages.
+    "console": ("INSERT ON dead_letter_actions",),
+    # A step names its transcript (claim-check); the model-step reads it, nothing else.
+    "model-step": ("SELECT ON transcript, alembic_version",),
     "tool-executor": (
         "SELECT ON tool_calls, approval_requests, decisions, alembic_version",
         "SELECT, INSERT, UPDATE ON execution_claims",
@@ -169,7 +173,7 @@ async def provision_database(settings: Settings) -> list[str]:
             owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
             for table in [t for t in owned if t not in AUDIT_TABLES]:
                 await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
-            for name in ("publisher", "tool-executor", "console"):
+            for name in ("publisher", "model-step", "tool-executor", "console"):
                 await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
     finally:
         await admin.dispose()

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # Log lines: `json` (one object a line), `text`, or `auto`: text on a terminal, JSON otherwise.
     log_format: Literal["auto", "json", "text"] = "auto"
     max_message_bytes: int = 256 * 1024
+    # How much of a tool's result the model reads: a longer one reaches it truncated, with
+    # a marker saying so; the ledger keeps it whole (the call's closure).
+    tool_output_model_chars: int = 16_000
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
     # that keeps failing would loop forever without one.
     delivery_limit: int = 20

@@ -49,3 +49,16 @@ def exits(arguments: dict[str, Any], context: Any) -> None:
 
 def times_out_itself(arguments: dict[str, Any], context: Any) -> None:
     raise TimeoutError("the tool's own request timed out")
+
+
+def emit_output(arguments: dict[str, Any], context: Any) -> str:
+    """A result of `bytes` characters (a 16-character pattern), ending in a line that
+    says so: larger than any message may be (tests/integration/test_bounded_messages.py)."""
+    size = int(arguments.get("bytes", 1 << 20))
+    end = f"\nthe end of {size} characters"
+    return ("0123456789abcdef" * (size // 16 + 1))[: size - len(end)] + end
+
+
+def fail_with_nul(arguments: dict[str, Any], context: Any) -> None:
+    """An error whose text holds a NUL, which PostgreSQL's text refuses."""
+    raise ValueError("the device said \x00 and stopped")

@@ -31,9 +31,8 @@ use (shared/messages.py): the test checks the services' behaviour, not the schem
   it handled; two copies in flight may both be handled);
 - valid `tool.execute` (no authorization from the ledger): nothing runs; each copy
   is parked with the refusal's code and raises one `operator.alerted`.
-A valid message without a message id gets a new one from the consumer on each
-delivery, which nobody else knows: it is given a session of its own, where exactly
-one answer must show.
+A message without a message id is parked as `invalid`: an id the consumer minted
+would differ on every delivery.
 
 Garbage that would legitimately change state is not sent: a valid `turn.start` from
 a channel (it would open a session) is broken on purpose (schema version 2) unless it
@@ -65,6 +64,7 @@ from sqlalchemy import func, select
 
 from shared.dead_letters import CONSUMER_HEADER, REASON_HEADER
 from shared.ledger.tables import AuditEntry, Base, Decision, ExecutionClaim, OutboxRow, Session, ToolCall, Turn
+from shared.ledger.transcripts import EMPTY as EMPTY_TRANSCRIPT
 from shared.messages import (
     EVENT,
     CancelTurn,
@@ -158,15 +158,6 @@ ENVELOPE = _optional(causation_id=st.one_of(st.none(), GOOD_ID), schema_version=
                      sequence=st.one_of(st.none(), st.integers()))
 
 
-_TRANSCRIPT_CALL = st.fixed_dictionaries({"call_id": GOOD_ID, "provider_call_id": TEXT,
-                                          "name": st.one_of(st.sampled_from(TOOL_NAMES), TEXT),
-                                          "arguments": JSON_OBJECT})
-_TRANSCRIPT_ENTRY = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "tool"] * 3 + ["system"])},
-    optional={"text": TEXT, "tool_calls": st.lists(_TRANSCRIPT_CALL, max_size=2),
-              "call_id": st.one_of(st.none(), GOOD_ID), "provider_call_id": st.one_of(st.none(), TEXT),
-              "closure": st.one_of(st.none(), st.sampled_from(["output", "error", "denied", "expired"]), TEXT)},
-)
 _ATTEMPT = st.fixed_dictionaries(
     {"number": st.integers(1, 4), "status": st.sampled_from(["completed", "failed", "abandoned", "completed"]),
      "provider": st.one_of(st.just("scripted"), TEXT)},
@@ -204,7 +195,8 @@ BODIES: dict[str, st.SearchStrategy[dict]] = {
         {"step_id": st.one_of(_minted("stp"), GOOD_ID),
          "provider": st.one_of(st.sampled_from(["scripted", "openai", "anthropic", "nope", "scripted"]),
                                st.sampled_from(["", "Scripted", "a" * 65]), TEXT),
-         "transcript": st.lists(_TRANSCRIPT_ENTRY, max_size=3),
+         "transcript_length": st.integers(-1, 3),
+         "transcript_digest": st.one_of(st.just(EMPTY_TRANSCRIPT), st.just("sha256:" + "0" * 64), TEXT),
          "tools": st.lists(st.fixed_dictionaries({"name": TEXT, "description": TEXT, "parameters": JSON_OBJECT}),
                            max_size=2)}),
     "tool.execute": st.fixed_dictionaries(
@@ -354,9 +346,6 @@ class Prediction:
     message_id: str = ""
     session_id: str = ""
     call_id: str = ""
-    # Valid without a message id: the consumer mints one (its envelope's default) on
-    # each delivery, which nobody outside it knows. Answers are found by session.
-    anonymous: bool = False
 
 
 def predict(queue: str, body: bytes, max_bytes: int, real_ids: set[str]) -> Prediction:
@@ -367,8 +356,8 @@ def predict(queue: str, body: bytes, max_bytes: int, real_ids: set[str]) -> Pred
     except ValidationError:
         return Prediction("dead", "invalid")
     if "message_id" not in json.loads(body):
-        return Prediction("step" if queue == "step.requested" else "execute" if queue == "tool.execute" else "ledger",
-                          session_id=message.session_id, call_id=getattr(message, "call_id", ""), anonymous=True)
+        # Refused: an id minted by the consumer would differ on every delivery.
+        return Prediction("dead", "invalid")
     if queue in LEDGER_QUEUES:
         if message.message_id in real_ids:
             return Prediction("dropped", message_id=message.message_id, session_id=message.session_id)
@@ -529,10 +518,6 @@ def materialize(plans_: list[Plan], ctx: Context) -> list[Fuzzed]:
             message = {**json.loads(body), "schema_version": 2}
             body = _dumps(message)
             prediction = predict(plan.queue, body, ctx.max_bytes, real_ids)
-        if prediction.kind == "ledger" and prediction.anonymous:
-            # Its answer names an id nobody knows: a session of its own tells it apart.
-            body = _dumps({**json.loads(body), "session_id": f"ses_fz{ctx.batch:05d}x{index:04d}anon"})
-            prediction = predict(plan.queue, body, ctx.max_bytes, real_ids)
         if isinstance(message, dict) and isinstance(message.get("message_id"), str):
             ids.append(message["message_id"])
         made.append(Fuzzed(index, part, plan, plan.queue, body, f"fz-{ctx.batch}-{index}", plan.sender, prediction,
@@ -549,7 +534,6 @@ class Seen:
 
     rejections: dict[str, list] = field(default_factory=lambda: defaultdict(list))  # by rejected message id
     alerts: dict[str, list] = field(default_factory=lambda: defaultdict(list))  # by causation id
-    anonymous: dict[str, list] = field(default_factory=lambda: defaultdict(list))  # by session id
     step_reports: Counter = field(default_factory=Counter)  # rejected model-step reports, by session
     executor_alerts: Counter = field(default_factory=Counter)  # alerts of refused tool.execute, by call id
     real_events: dict[str, list] = field(default_factory=lambda: defaultdict(list))  # by real session id
@@ -565,7 +549,6 @@ class Expected:
 
     dead: dict[str, str] = field(default_factory=dict)  # AMQP id -> reason (or "refused")
     garbage_ids: set[str] = field(default_factory=set)
-    anonymous: dict[str, Fuzzed] = field(default_factory=dict)  # by its own session id
     step_ids: set[str] = field(default_factory=set)
     step_copies: int = 0
     step_sessions: set[str] = field(default_factory=set)
@@ -577,11 +560,8 @@ class Expected:
             self.garbage_ids.add(prediction.message_id)
         if prediction.kind == "dead":
             self.dead[item.amqp_id] = prediction.reason
-        elif prediction.kind == "ledger" and prediction.anonymous:
-            self.anonymous[prediction.session_id] = item
         elif prediction.kind == "step":
-            # An anonymous request gets a new id on every delivery: never skipped.
-            self.step_ids.add(prediction.message_id or item.amqp_id)
+            self.step_ids.add(prediction.message_id)
             self.step_copies += 1
             self.step_sessions.add(prediction.session_id)
         elif prediction.kind == "execute":
@@ -644,8 +624,6 @@ class FuzzRun:
         if event.type == "message.rejected":
             if event.rejected_message_id in expected.garbage_ids:
                 seen.rejections[event.rejected_message_id].append(event)
-            elif session_id in expected.anonymous:
-                seen.anonymous[session_id].append(event)
             elif event.rejected_type == "step.completed":
                 seen.step_reports[session_id] += 1
             else:
@@ -653,8 +631,6 @@ class FuzzRun:
         elif event.type == "operator.alerted":
             if event.causation_id in expected.garbage_ids:
                 seen.alerts[event.causation_id].append(event)
-            elif session_id in expected.anonymous:
-                seen.anonymous[session_id].append(event)
             else:
                 seen.executor_alerts[event.call_id] += 1
         elif session_id not in self.real_sessions:
@@ -761,8 +737,6 @@ class FuzzRun:
 
     def _answers_to(self, item: Fuzzed) -> list:
         prediction, seen = item.prediction, self.seen
-        if prediction.anonymous:
-            return seen.anonymous.get(prediction.session_id, [])
         return seen.rejections.get(prediction.message_id, []) + seen.alerts.get(prediction.message_id, [])
 
     def _waiting_on(self, items: list[Fuzzed]) -> list[str]:

@@ -458,10 +458,21 @@ def judge_tool_report(call: Call | None, session_id: str) -> Literal["unknown", 
     return "apply"
 
 
-def closure_of_outcome(report: ToolExecuted) -> ClosureOnRecord:
-    """Tool outcome → closure: the output, the tool's error, or outcome-unknown (invariant 4)."""
+OUTPUT_NOT_IN_CLAIM = (
+    "The tool ran, but its output, too large for a message, is not in its execution claim as its executor said."
+)
+
+
+def closure_of_outcome(report: ToolExecuted, claimed: ClaimOnRecord | None = None) -> ClosureOnRecord:
+    """Tool outcome → closure: the output, the tool's error, or outcome-unknown (invariant 4).
+    An output too large for the report is the one the executor recorded in its claim
+    (`claimed`): kept whole, never lost."""
     if report.outcome == "output":
-        return ClosureOnRecord("output", output=report.output)
+        if not report.output_in_claim:
+            return ClosureOnRecord("output", output=report.output)
+        if claimed is None or claimed.outcome != "output":
+            return ClosureOnRecord("error", reason_code="output_missing", reason_text=OUTPUT_NOT_IN_CLAIM)
+        return ClosureOnRecord("output", output=(claimed.result or {}).get("output"))
     if report.outcome == "error":
         return ClosureOnRecord("error", reason_code="tool_failed", reason_text=report.error)
     return ClosureOnRecord(
@@ -510,11 +521,14 @@ def refuse_cancellation(open_turn_id: str | None, asked_turn_id: str | None) -> 
 
 @dataclass(frozen=True)
 class ClaimOnRecord:
-    """The executor's claim on a call as the ledger found it while cancelling."""
+    """The executor's claim on a call as the ledger found it (cancelling, or recording its report)."""
 
     status: str  # claimed | finished
     outcome: str | None = None
     result: dict[str, Any] | None = None
+    holder: str | None = None
+    attempts: int = 0
+    claimed_at: datetime | None = None
 
 
 CANCELLED_BEFORE_RUNNING = "cancelled before it ran"
@@ -561,7 +575,11 @@ class Resumption:
     entries: list[TranscriptEntry] | None = field(default=None)
 
 
-def resume(calls: Sequence[Call], *, session_waits: bool) -> Resumption:
+# How much of a tool's result the model reads by default (SIGNOFF_TOOL_OUTPUT_MODEL_CHARS).
+OUTPUT_LIMIT = 16_000
+
+
+def resume(calls: Sequence[Call], *, session_waits: bool, output_limit: int = OUTPUT_LIMIT) -> Resumption:
     """When the last call of a step closes, every closure is written next to its call,
     in the order the model made them, then every decision's note, and the next model
     step is asked for, once (invariant 3). Until then the session waits while any
@@ -580,6 +598,7 @@ def resume(calls: Sequence[Call], *, session_waits: bool) -> Resumption:
                 kind=closure.kind,
                 output=closure.output,
                 reason_text=closure.reason_text,
+                limit=output_limit,
             )
         )
     entries.extend(decision_note(call.note) for call in calls if call.note is not None)
@@ -609,8 +628,26 @@ def closure_text(kind: str, output: Any, reason_text: str | None) -> str:
     return f"{label}: {reason_text or 'no reason given'}"
 
 
+def truncated(text: str, limit: int, call_id: str) -> str:
+    """A result as long as `limit` characters at most, with a marker that says it was
+    cut and where the whole of it is: the closure row keeps the output whole."""
+    if len(text) <= limit:
+        return text
+    return (
+        f"{text[:limit]}\n[Signoff truncated this result: the first {limit} of {len(text)} characters are shown; "
+        f"the whole output is kept in the ledger (call {call_id}).]"
+    )
+
+
 def closure_entry(
-    *, call_id: str, provider_call_id: str, tool: str, kind: str, output: Any, reason_text: str | None
+    *,
+    call_id: str,
+    provider_call_id: str,
+    tool: str,
+    kind: str,
+    output: Any,
+    reason_text: str | None,
+    limit: int = OUTPUT_LIMIT,
 ) -> TranscriptEntry:
     if kind not in CLOSURE_KINDS:
         raise ValueError(f"unknown closure kind {kind!r}")
@@ -618,7 +655,7 @@ def closure_entry(
         role="tool",
         call_id=call_id,
         provider_call_id=provider_call_id,
-        text=closure_text(kind, output, reason_text),
+        text=truncated(closure_text(kind, output, reason_text), limit, call_id),
         closure=kind,
     )
 

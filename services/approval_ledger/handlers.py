@@ -68,6 +68,8 @@ class Ledger:
     notify_channel: str | None = None
     # Seconds a request waits for a decision unless its tool says otherwise.
     approval_timeout: float = 24 * 3600.0
+    # How much of a tool's result the model reads (the closure keeps all of it).
+    tool_output_model_chars: int = domain.OUTPUT_LIMIT
     # This ledger process's run, recorded on each request it commits (provenance).
     run_id: str = field(default_factory=lambda: mint("run"))
 
@@ -164,7 +166,7 @@ async def model_step_completed(
         return
     earlier = await reads.pending_request_ids(uow, session.id) if loaded.session_waits else []
     pending = await _plan_and_record_calls(ledger, uow, session, calls, earlier, report)
-    resumed = domain.resume(calls, session_waits=bool(pending))
+    resumed = domain.resume(calls, session_waits=bool(pending), output_limit=ledger.tool_output_model_chars)
     await records.resumption(uow, session, step.turn_id, resumed, ledger.catalogue, report)
 
 
@@ -308,7 +310,7 @@ async def _decide(
         records.execution(uow, session, call, response, ledger.authority, request_id=request.id)
     else:
         records.closure(uow, session, call, domain.closure_of_denial(response.reason), response)
-    resumed = domain.resume(step.calls, session_waits=step.session_waits)
+    resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
     await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, response)
 
 
@@ -326,7 +328,8 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         # but the inbox row keeps it from being looked at again.
         log.info("ignored a report for call %s in status %s", call.id, call.status)
         return
-    claim = await reads.claim(uow, call.id)
+    # An output too large for the report is read from the executor's claim (kept whole, never lost).
+    claim = await reads.claim(uow, call.id, with_result=report.output_in_claim)
     if claim is not None:
         uow.audit(
             session,
@@ -336,7 +339,7 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
             actor=claim.holder,
             message_id=report.message_id,
             attempt=claim.attempts,
-            claimed_at=claim.claimed_at.isoformat(),
+            claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
         )
     uow.audit(
         session,
@@ -349,12 +352,12 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         output_digest=None if report.output is None else digest_of(report.output),
         error_digest=None if report.error is None else digest_of(report.error),
     )
-    closed = domain.closure_of_outcome(report)
+    closed = domain.closure_of_outcome(report, claim)
     records.closure(uow, session, call, closed, report)
     if domain.needs_operator(closed):
         records.operator_alert(uow, session, call, closed, report)
     session.updated_at = uow.now
-    resumed = domain.resume(step.calls, session_waits=step.session_waits)
+    resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
     await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, report)
 
 
@@ -422,7 +425,9 @@ async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> b
         )
         records.closure(uow, session, call, domain.closure_of_expiry(request), None)
         session.updated_at = uow.now
-        resumed = domain.resume(step.calls, session_waits=step.session_waits)
+        resumed = domain.resume(
+            step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars
+        )
         await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, None)
         await uow.commit()
         return True
@@ -526,7 +531,7 @@ async def _close_open_turn(
             records.operator_alert(uow, session, call, closed, cause)
     if step is not None and step.status == "requested":
         uow.update(records.STEPS, step.id, status="cancelled")
-    for entry in domain.resume(calls, session_waits=False).entries or []:
+    for entry in domain.resume(calls, session_waits=False, output_limit=ledger.tool_output_model_chars).entries or []:
         records.append(uow, session, entry)
     session.updated_at = uow.now
 

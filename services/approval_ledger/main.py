@@ -52,6 +52,7 @@ async def run(settings: Settings) -> None:
         authority=authority,
         check_senders=settings.broker_identities,
         approval_timeout=settings.approval_timeout_seconds,
+        tool_output_model_chars=settings.tool_output_model_chars,
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )

@@ -3,7 +3,7 @@
 A transition reads what it needs on its unit of work's connection, after the
 session row is locked: a step; a call with every call of its step; or a request
 with its call and every call of its step. What a transition itself writes is
-never read back; the transcript is read only when a model step is requested.
+never read back; the transcript is read only to compute the digest of a session from before digests.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from datetime import datetime
 from sqlalchemy import Row, bindparam, func, select, union_all
 
 from shared.ledger.tables import TABLES
-from shared.messages import TranscriptEntry
 
-from .domain import Call, ClosureOnRecord, Note, RequestOnRecord, Step
+from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step
 from .unit_of_work import SessionState, UnitOfWork
 
 STEPS = TABLES["steps"]
@@ -263,13 +262,29 @@ async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
     return list(await uow.db.scalars(_PENDING, {"session_id": session_id}))
 
 
-async def transcript(uow: UnitOfWork, session: SessionState) -> list[TranscriptEntry]:
-    """The whole transcript: the rows stored before this transition, then the entries it appended."""
-    entries = []
+_CLAIM_COLUMNS = (CLAIMS.c.status, CLAIMS.c.outcome, CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at)
+_CLAIM = select(*_CLAIM_COLUMNS).where(CLAIMS.c.call_id == bindparam("call_id"))
+_CLAIM_WITH_RESULT = select(*_CLAIM_COLUMNS, CLAIMS.c.result).where(CLAIMS.c.call_id == bindparam("call_id"))
+
+
+async def claim(uow: UnitOfWork, call_id: str, *, with_result: bool = False) -> ClaimOnRecord | None:
+    """The executor's claim on a call as it stands; its recorded result only when asked
+    for (it may be a megabyte)."""
+    query = _CLAIM_WITH_RESULT if with_result else _CLAIM
+    row = (await uow.db.execute(query, {"call_id": call_id})).first()
+    if row is None:
+        return None
+    return ClaimOnRecord(
+        row.status, row.outcome, row.result if with_result else None, row.holder, row.attempts, row.claimed_at
+    )
+
+
+async def transcript_rows(uow: UnitOfWork, session: SessionState) -> list[dict]:
+    """The whole transcript as stored (JSON-mode dumps): the rows, then the entries appended now."""
+    rows = []
     if session.transcript_base:
-        rows = await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base})
-        entries = [TranscriptEntry.model_validate(r) for r in rows]
-    return entries + session.appended
+        rows = list(await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base}))
+    return rows + [entry.model_dump(mode="json") for entry in session.appended]
 
 
 def _call(row: Row) -> Call:
@@ -289,11 +304,3 @@ def _call(row: Row) -> Call:
         closure=closure,
         note=Note(row.responder, row.message) if row.message else None,
     )
-
-
-_CLAIM = select(CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at).where(CLAIMS.c.call_id == bindparam("call_id"))
-
-
-async def claim(uow: UnitOfWork, call_id: str) -> Row | None:
-    """The executor's claim on a call as it stands (holder, attempts, claimed_at), for the audit log."""
-    return (await uow.db.execute(_CLAIM, {"call_id": call_id})).first()

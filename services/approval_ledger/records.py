@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
+from shared.ledger import transcripts
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import (
@@ -126,12 +127,16 @@ def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, re
 
 
 def append(uow: UnitOfWork, session: SessionState, entry: TranscriptEntry) -> None:
+    """Stored once, and the session's digest chain extended with it (a session from
+    before digests keeps None until a step computes it from its rows)."""
+    stored = entry.model_dump(mode="json")
+    if session.transcript_len == 0:
+        session.transcript_digest = transcripts.extended(transcripts.EMPTY, stored)
+    elif session.transcript_digest is not None:
+        session.transcript_digest = transcripts.extended(session.transcript_digest, stored)
     session.transcript_len += 1
     session.appended.append(entry)
-    uow.add(
-        TRANSCRIPT,
-        {"session_id": session.id, "position": session.transcript_len, "entry": entry.model_dump(mode="json")},
-    )
+    uow.add(TRANSCRIPT, {"session_id": session.id, "position": session.transcript_len, "entry": stored})
 
 
 def new_turn(uow: UnitOfWork, session: SessionState, started_by: str | None) -> str:
@@ -233,7 +238,9 @@ def assistant_entry(
 async def step_request(
     uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope | None
 ) -> None:
-    """A new model step, asked for with the whole transcript."""
+    """A new model step, asked for by reference: the transcript's length and digest,
+    which the model-step reads from the ledger (claim-check; the command and its
+    outbox row stay the same size however long the session grows)."""
     step_id = mint("stp")
     uow.add(
         STEPS,
@@ -253,11 +260,21 @@ async def step_request(
             causation_id=_id_of(cause),
             step_id=step_id,
             provider=session.provider,
-            transcript=await reads.transcript(uow, session),
+            transcript_length=session.transcript_len,
+            transcript_digest=await _transcript_digest(uow, session),
             tools=catalogue.descriptions(),
         ),
     )
     session.status = "running"
+
+
+async def _transcript_digest(uow: UnitOfWork, session: SessionState) -> str:
+    if session.transcript_len == 0:
+        return transcripts.EMPTY
+    if session.transcript_digest is None:
+        # A session from before digests: computed from its rows once, then kept and extended.
+        session.transcript_digest = transcripts.digest_of(await reads.transcript_rows(uow, session))
+    return session.transcript_digest
 
 
 def attempts(

@@ -71,6 +71,16 @@ _UPDATE_BY_ID = {
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 
+def storable(value: Any) -> Any:
+    """A text as a column can keep it: PostgreSQL's text refuses NUL, so a NUL in a text
+    a service wrote (a tool's error, a provider's reply, a model's final text) becomes
+    U+FFFD here, where it becomes a record, instead of failing the transition on every
+    delivery. JSON columns need nothing: their serializer escapes it (\u0000)."""
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
 class Duplicate(Exception):
     """The message was applied before: the inbox says so."""
 
@@ -89,6 +99,9 @@ class SessionState:
     status_reason: str | None = None
     # Who started the session (its first turn that named someone).
     started_by: str | None = None
+    # The digest chain of positions 1..transcript_len (shared/ledger/transcripts.py);
+    # None: a session from before digests, whose digest is computed when a step needs it.
+    transcript_digest: str | None = None
     # Transcript rows already in the database (positions 1..n) when the transition began.
     transcript_base: int = 0
     # Entries appended in this transition, in order (positions transcript_base + 1 ...).
@@ -100,7 +113,15 @@ class SessionState:
     stored: tuple | None = None
 
     def written(self) -> tuple:
-        return (self.status, self.event_seq, self.transcript_len, self.updated_at, self.audit_seq, self.audit_hash)
+        return (
+            self.status,
+            self.event_seq,
+            self.transcript_len,
+            self.transcript_digest,
+            self.updated_at,
+            self.audit_seq,
+            self.audit_hash,
+        )
 
 
 class UnitOfWork:
@@ -168,6 +189,7 @@ class UnitOfWork:
             updated_at=row.updated_at,
             status_reason=row.status_reason,
             started_by=row.started_by,
+            transcript_digest=row.transcript_digest,
             transcript_base=row.transcript_len,
             audit_seq=row.audit_seq,
             audit_hash=row.audit_hash,
@@ -195,12 +217,13 @@ class UnitOfWork:
 
     def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """A new row, inserted at the next flush."""
+        row = {column: storable(value) for column, value in row.items()}
         self._rows.setdefault(table, []).append(row)
         return row
 
     def update(self, table: Table, key: Any, **values: Any) -> None:
         """Change a stored row (by id) at the next flush."""
-        self._updates.setdefault((table, key), {}).update(values)
+        self._updates.setdefault((table, key), {}).update({column: storable(v) for column, v in values.items()})
 
     def emit(self, session: SessionState | None, message: Envelope) -> Envelope:
         """Append a message to the outbox; it leaves only after commit, in this order."""
@@ -282,6 +305,7 @@ class UnitOfWork:
                     "status": session.status,
                     "event_seq": session.event_seq,
                     "transcript_len": session.transcript_len,
+                    "transcript_digest": session.transcript_digest,
                     "updated_at": session.updated_at,
                     "audit_seq": session.audit_seq,
                     "audit_hash": session.audit_hash,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from shared import faults
 from shared.consuming import previous_deliveries
-from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, encode
+from shared.ledger.transcripts import TranscriptMismatch
+from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, TranscriptEntry, encode
 from shared.observability import PROVIDER_ATTEMPTS, PROVIDER_TOKENS, bounded
 
 from .replies import Provider, ProviderError, ProviderReply, counted, unusable
@@ -33,6 +35,12 @@ MAX_RETRY_AFTER_SECONDS = 30.0
 REPORT_TRIES = 6
 
 
+class Transcripts(Protocol):
+    """Where a step's transcript is read from (the ledger: shared/ledger/transcripts.py)."""
+
+    async def read(self, session_id: str, length: int, digest: str) -> list[TranscriptEntry]: ...
+
+
 def backoff(number: int, retry_after: float | None) -> float:
     """Exponential (0.2 s, 0.4 s, ...), or the provider's hint if that is longer."""
     return max(BACKOFF_SECONDS * 2 ** (number - 1), min(retry_after or 0.0, MAX_RETRY_AFTER_SECONDS))
@@ -40,6 +48,7 @@ def backoff(number: int, retry_after: float | None) -> float:
 
 async def request_model_step(
     providers: dict[str, Provider],
+    transcripts: Transcripts,
     report: Callable[[ModelStepCompleted], Awaitable[None]],
     request: RequestModelStep,
     *,
@@ -47,7 +56,7 @@ async def request_model_step(
 ) -> None:
     """`max_bytes`: the largest message a consumer accepts (SIGNOFF_MAX_MESSAGE_BYTES);
     a reply whose report would be larger is a failed attempt, not a parked report."""
-    completed = await _step(providers, request, max_bytes)
+    completed = await _step(providers, transcripts, request, max_bytes)
     await _send(report, completed)
     for attempt in completed.attempts:
         provider = bounded(attempt.provider, set(providers))
@@ -58,7 +67,9 @@ async def request_model_step(
     await faults.reached("model_step.after_report")
 
 
-async def _step(providers: dict[str, Provider], request: RequestModelStep, max_bytes: int | None) -> ModelStepCompleted:
+async def _step(
+    providers: dict[str, Provider], transcripts: Transcripts, request: RequestModelStep, max_bytes: int | None
+) -> ModelStepCompleted:
     # A delivery that was never acked died with its provider call in flight (or
     # after reporting, which the ledger tells apart): counted, not forgotten (invariant 7).
     lost = previous_deliveries.get()
@@ -71,6 +82,15 @@ async def _step(providers: dict[str, Provider], request: RequestModelStep, max_b
         )
         for n in range(1, lost + 1)
     ]
+    try:
+        # Before any provider call: a database outage raised here pauses the consumer
+        # (shared/consuming.py) with nothing billed.
+        stored = await transcripts.read(request.session_id, request.transcript_length, request.transcript_digest)
+    except TranscriptMismatch as mismatch:
+        # Not the transcript the ledger asked for: every delivery would find the same.
+        error = f"the model-step could not read the step's transcript: {mismatch}"[:4000]
+        attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
+        return _failed(request, attempts, error)
     provider = providers.get(request.provider)
     if provider is None:
         error = f"no provider named {request.provider!r} is configured"
@@ -79,7 +99,7 @@ async def _step(providers: dict[str, Provider], request: RequestModelStep, max_b
     try:
         # Healed once: every attempt sends the same request (invariant 3). Ids are
         # made unique on the wire too, for transcripts stored before the normalizer.
-        transcript = unique_wire_ids(heal(request.transcript, request.session_id), request.session_id)
+        transcript = unique_wire_ids(heal(stored, request.session_id), request.session_id)
         # Stateless: the session's claimed provider ids come from its transcript.
         ids = ToolCallIdNormalizer.from_transcript(transcript, session_id=request.session_id)
     except Exception as broken:

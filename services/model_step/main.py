@@ -7,6 +7,8 @@ from functools import partial
 from pydantic import TypeAdapter
 
 from shared.consuming import publish
+from shared.ledger.database import create_engine, migrate
+from shared.ledger.transcripts import LedgerTranscripts
 from shared.messages import RequestModelStep
 from shared.runtime import prepare
 from shared.settings import Settings
@@ -22,10 +24,16 @@ async def run(settings: Settings) -> None:
     # The shared settings as given, plus the provider settings from the environment.
     config = ModelStepSettings(**settings.model_dump())
     providers = build_providers(config)
+    # Its own role, which may only read the transcript: steps name it, the ledger holds it.
+    engine = create_engine(settings, identity="model-step", pool_size=4)
+    await migrate(engine, settings)
     report = partial(publish, runtime.broker, runtime.topology, user_id=runtime.user)
-    handle = partial(request_model_step, providers, report, max_bytes=settings.max_message_bytes)
+    handle = partial(
+        request_model_step, providers, LedgerTranscripts(engine), report, max_bytes=settings.max_message_bytes
+    )
     runtime.consume("step.requested", TypeAdapter(RequestModelStep), handle)
     try:
         await runtime.serve()
     finally:
         await close_providers(providers)
+        await engine.dispose()

@@ -17,7 +17,7 @@ from shared import faults
 from shared.authorization import Authorization, verify_authorization
 from shared.catalogue import ToolCatalogue
 from shared.consuming import Rejected
-from shared.messages import Envelope, ExecuteTool, RefuseExecution, ToolExecuted, now
+from shared.messages import Envelope, ExecuteTool, RefuseExecution, ToolExecuted, encode, now
 from shared.observability import EXECUTION_TIME, EXECUTIONS, timed, tool_label
 from shared.signatures import Unverified, arguments_fingerprint
 
@@ -40,6 +40,9 @@ class Executor:
     ledger_key: Ed25519PublicKey
     data_dir: Path
     leases: Leases
+    # The largest message a consumer accepts (SIGNOFF_MAX_MESSAGE_BYTES): a report past it
+    # leaves its output in the claim row, where the ledger reads it.
+    max_bytes: int | None = None
 
 
 async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
@@ -123,16 +126,26 @@ async def _claim_run_and_report(
         log.info("call %s: %s ran: %s", command.call_id, command.tool, result.outcome)
         await faults.reached("executor.after_record")
     EXECUTIONS.labels(tool_label(command.tool), result.outcome).inc()
-    await executor.report(
-        ToolExecuted(
-            session_id=command.session_id,
-            causation_id=command.message_id,
-            call_id=command.call_id,
-            outcome=result.outcome,
-            output=result.output,
-            error=result.error,
-        )
+    await executor.report(report_of(command, result, executor.max_bytes))
+
+
+def report_of(command: ExecuteTool, result: ToolResult, max_bytes: int | None) -> ToolExecuted:
+    """The report of a finished call. Its result is already whole in the claim row
+    (Claims.finish), so an output too large for a message is left there, never lost:
+    the report says so (`output_in_claim`) and the ledger reads it from the claim."""
+    executed = ToolExecuted(
+        session_id=command.session_id,
+        causation_id=command.message_id,
+        call_id=command.call_id,
+        outcome=result.outcome,
+        output=result.output,
+        # A tool's error is its own text, of any length; the report carries its start.
+        error=None if result.error is None else str(result.error)[:4000],
     )
+    if max_bytes is not None and len(encode(executed)) > max_bytes:
+        log.info("call %s: its output is too large for a message; the ledger reads it from the claim", command.call_id)
+        executed = executed.model_copy(update={"output": None, "output_in_claim": True})
+    return executed
 
 
 async def _keep_lease(executor: Executor, call_id: str) -> None:

@@ -43,6 +43,7 @@ async def run(settings: Settings) -> None:
             data_dir=settings.data_dir.resolve(),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=keyring.ledger_public_key(settings.keys_path),
+            max_bytes=settings.max_message_bytes,
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
         try:

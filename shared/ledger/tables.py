@@ -76,6 +76,9 @@ class Session(Base):
     # The sequence number of the last event published for this session.
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
     transcript_len: Mapped[int] = mapped_column(Integer, default=0)
+    # The digest chain of its transcript (shared/ledger/transcripts.py), named by each
+    # model-step request; None: made before digests, computed from its rows when needed.
+    transcript_digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
     status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Who started its first turn that named someone (separation of duties).
     started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
@@ -290,6 +293,25 @@ class HookDelivery(Base):
     # (its retry budget spent) or `hook_removed` (its hook is no longer configured).
     given_up_at: Mapped[datetime | None] = mapped_column(nullable=True)
     given_up_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class DeadLetterAction(Base):
+    """What an operator did with a parked message (`signoff dead-letters replay|drop`):
+    written by the operator's console before the message leaves the dead-letter queue,
+    so a drop is never without its reason on record."""
+
+    __tablename__ = "dead_letter_actions"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    # replayed | dropped
+    action: Mapped[str] = mapped_column(String(16))
+    message_id: Mapped[str] = mapped_column(String(256), index=True)
+    message_type: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(256))
+    # Why it was parked (its reason and detail), and the operator's reason for the action.
+    parked_reason: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    operator: Mapped[str] = mapped_column(String(256))
+    acted_at: Mapped[datetime]
 
 
 class PublisherLeader(Base):

@@ -54,6 +54,14 @@ How each figure is taken (docs/performance.md repeats this):
   rows (every message the ledger consumed: the driver's turn.start and
   approval.respond, model-step's step.completed, the executor's tool.completed).
   That is every message published to RabbitMQ once; redeliveries are not seen.
+- ledger bytes per round trip: what the ledger's rows grew by over the level
+  (PostgreSQL's `pg_column_size` of every row of every table, before and
+  after), divided by its round trips; retention deletes sent outbox rows and
+  old inbox rows later, so this is what a round trip writes, not what stays.
+- long session (after the exactly-once check; `--long-session-turns`, default
+  10, `--quick` 2): one session of turns of 50 model steps, each step but a
+  turn's last reading the clock (no approval); per turn, the ledger bytes each
+  of its steps added. Flat is the claim (docs/design.md, invariant 11).
 - CPU per round trip: utime+stime from /proc/<pid>/stat of each service process
   before and after the level (drain included), divided by the level's round
   trips. The driver's own CPU and the dependencies' (postgres, beam.smp,

@@ -27,6 +27,10 @@ from tests.bench.recovery import RECOVERY_MODES, recovery_try
 from tests.bench.report import Progress, median_of, render_table
 from tests.harness import Deployment, require_services
 from tests.invariants import check_run
+from tests.long_session import bytes_per_step, long_script
+
+# The long session's turns are this many model steps each (tests/long_session.py).
+LONG_SESSION_STEPS_PER_TURN = 50
 
 
 async def check_exactly_once(ctx: Context) -> dict[str, Any]:
@@ -47,11 +51,32 @@ async def check_exactly_once(ctx: Context) -> dict[str, Any]:
     }
 
 
+async def long_session(ctx: Context, turns: int) -> dict[str, Any]:
+    """One session of `turns` x 50 model steps, after the checks (its calls are no round
+    trips): the ledger bytes each step added, per turn; flat is the claim."""
+    steps = LONG_SESSION_STEPS_PER_TURN
+    async with Progress("long session", lambda e: f"{turns} turns of {steps} model steps  {e:5.1f} s"):
+        per_step = await bytes_per_step(ctx.adapter.console, ctx.ledger.table_bytes, turns=turns,
+                                        steps_per_turn=steps)
+    return {
+        "steps": turns * steps,
+        "steps_per_turn": steps,
+        "ledger_bytes_per_step_by_turn": [round(sum(turn.values())) for turn in per_step],
+        "outbox_bytes_per_step_by_turn": [round(turn["outbox"]) for turn in per_step],
+        "by_table_first_turn": {k: round(v) for k, v in per_step[0].items() if v},
+        "by_table_last_turn": {k: round(v) for k, v in per_step[-1].items() if v},
+    }
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     require_services(postgres=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     data_dir = PROJECT_ROOT / "data" / "bench" / f"run-{stamp}"
     deployment = Deployment(store="postgres", data_dir=data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # The fixtures' script with the long session's (`long-*`); the round trips' `bench-*` unchanged.
+    deployment.script_file = long_script(data_dir / "script.yaml", turns=args.long_session_turns,
+                                         steps_per_turn=LONG_SESSION_STEPS_PER_TURN)
     result: dict[str, Any] = {
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -99,6 +124,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                        if k not in ("sessions", "mode")}
                 for mode in RECOVERY_MODES}}
         result["checks"] = await check_exactly_once(ctx)
+        if args.long_session_turns:
+            result["long_session"] = await long_session(ctx, args.long_session_turns)
     except asyncio.CancelledError:
         result["failures"].append("interrupted")
         sys.stderr.write(f"\n[bench] interrupted; cleaning up namespace and schema {deployment.namespace}\n")
@@ -137,11 +164,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="levels 1,4 at 3 s each, 1 recovery try")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="py-spy every service during the highest level; raw stacks and summary.txt in DIR")
+    parser.add_argument("--long-session-turns", type=int, default=None,
+                        help="turns of 50 model steps in the long session that measures ledger bytes per step "
+                             "(default 10: 500 steps, with --quick 2; 0: none)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     args = parser.parse_args(argv)
     if args.quick:
         args.levels, args.seconds, args.recovery_tries = "1,4", 3.0, 1
         args.floor_seconds, args.warmup_seconds = 1.5, 1.0
+    if args.long_session_turns is None:
+        args.long_session_turns = 2 if args.quick else 10
     args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
     if not args.levels or min(args.levels) < 1:
         parser.error("--levels needs positive integers, e.g. 1,16,64")

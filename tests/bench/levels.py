@@ -20,6 +20,7 @@ from tests.bench.adapter import BenchFailure, ChannelAdapter, RoundTrip
 from tests.bench.cpu import SHORT, dependency_cpu, dependency_cpu_delta, service_cpu, start_profilers
 from tests.bench.report import Progress, summary_ms
 from tests.harness import POSTGRES_URL, Deployment
+from tests.long_session import TABLE_BYTES
 
 
 def ts(value: datetime | None) -> float | None:
@@ -46,7 +47,12 @@ class LedgerReader:
             "outbox": outbox,
             "relay_batches": await self.db.fetchval("SELECT count(DISTINCT sent_at) FROM outbox"),
             "claims": await self.db.fetchval("SELECT count(*) FROM execution_claims"),
+            "bytes": sum((await self.table_bytes()).values()),
         }
+
+    async def table_bytes(self) -> dict[str, int]:
+        """What each ledger table holds, in bytes (PostgreSQL's size of every row)."""
+        return {name: int(await self.db.fetchval(query)) for name, query in TABLE_BYTES.items()}
 
     async def quiescent(self, timeout: float = 15.0) -> None:
         """Wait until every committed outbox row has been relayed and marked sent."""
@@ -93,6 +99,8 @@ def cost_delta(before: dict[str, Any], after: dict[str, Any], round_trips: int) 
         "write_transactions_per_rt": writes / n,
         "messages_per_rt": (sum(outbox.values()) + transitions) / n,
         "outbox_rows_per_rt": sum(outbox.values()) / n,
+        # What the ledger's rows grew by (before retention deletes sent outbox and old inbox rows).
+        "ledger_bytes_per_rt": (after["bytes"] - before["bytes"]) / n,
     }
 
 

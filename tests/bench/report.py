@@ -104,6 +104,14 @@ def render_table(result: dict[str, Any]) -> str:
             f" {level['driver_cpu_ms_per_rt']:>6.2f} │ {deps.get('postgres', 0):>6.2f} {deps.get('beam.smp', 0):>6.2f}"
             f" {deps.get('redis-server', 0):>6.2f} │ {level['cpu_bound_round_trips_per_second']:>9.1f}")
     lines.append("")
+    lines.append("ledger bytes per round trip (rows written, before retention): " + ", ".join(
+        f"{level['concurrency']} sessions {level['ledger_bytes_per_rt']:,.0f}" for level in result["levels"]))
+    long = result.get("long_session")
+    if long:
+        by_turn = long["ledger_bytes_per_step_by_turn"]
+        lines.append(f"ledger bytes per model step across a {long['steps']}-step session, by turn of "
+                     f"{long['steps_per_turn']}: {', '.join(f'{b:,}' for b in by_turn)} (outbox: "
+                     f"{', '.join(f'{b:,}' for b in long['outbox_bytes_per_step_by_turn'])})")
     lines.append("txn/rt: ledger transitions (inbox rows); wtx/rt: all write transactions (ledger + executor claims + "
                  "publisher mark-sent);")
     if not all(level["steady_state"] for level in result["levels"]):

@@ -2,6 +2,7 @@
 never applied, and never blocks the queue (invariant 9)."""
 
 import asyncio
+import json
 
 import aio_pika
 from sqlalchemy import func, select, text
@@ -9,6 +10,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.tables import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
+from shared.consuming import NO_MESSAGE_ID
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
 from shared.settings import Settings
 from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
@@ -101,11 +103,16 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
     deployment.start()
     topology_queue = f"{deployment.namespace}.dead-letters"
     session_id = mint("ses")
+    # Valid but for its missing message id: a consumer minting one would mint another on every delivery.
+    anonymous = RespondToApproval(session_id=session_id, request_id=mint("apr"), decision="deny",
+                                  args_digest="sha256:x").model_dump(mode="json")
+    del anonymous["message_id"]
     async with deployment.console() as console:
         exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
         for body, message_id in ((b'{"type": "approval.respond", "session_id": "x"', "bad-json"),
                                  (b'{"type": "approval.respond", "session_id": "s", "request_id": 5}', "bad-shape"),
-                                 (b"x" * (300 * 1024), "too-big")):
+                                 (b"x" * (300 * 1024), "too-big"),
+                                 (json.dumps(anonymous).encode(), "no-id")):
             await exchange.publish(aio_pika.Message(body, message_id=message_id), routing_key="approval.respond")
         events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "approve", "", "", "tester")
@@ -116,8 +123,9 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
         async def all_dead():
             while (raw := await dead.get(no_ack=True, fail=False)) is not None:
                 reasons[raw.message_id] = (raw.headers[REASON_HEADER], raw.headers[DETAIL_HEADER])
-            return len(reasons) == 3
+            return len(reasons) == 4
         await eventually(all_dead)
+    assert reasons["no-id"] == ("invalid", NO_MESSAGE_ID)
     assert reasons["bad-json"][0] == "invalid"
     assert reasons["bad-shape"][0] == "invalid" and "request_id" in reasons["bad-shape"][1]
     assert reasons["too-big"][0] == "oversized"

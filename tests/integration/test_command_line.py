@@ -6,10 +6,18 @@ import re
 import subprocess
 import sys
 
-from shared.ledger.tables import Session
-from shared.messages import RespondToApproval, mint
+from shared.ledger.tables import DeadLetterAction, Decision, ProviderAttemptRow, Session
+from shared.messages import RespondToApproval, StartTurn, mint
 from shared.settings import PROJECT_ROOT
-from tests.harness import SERVICES, eventually, rows, start_and_wait_for_approval
+from tests.harness import (
+    SERVICES,
+    assert_nothing_left_in_any_queue,
+    drain_events,
+    eventually,
+    next_event,
+    rows,
+    start_and_wait_for_approval,
+)
 
 
 def signoff(deployment, *args: str, check: bool = True, answer: str = "") -> str:
@@ -107,3 +115,107 @@ async def test_a_message_that_fails_on_every_delivery_is_parked_with_the_reason_
     assert lines[2] == ("    delivery_limit: failed on all 3 deliveries; the last error: FaultRaised: "
                         "fault point ledger.before_commit armed to raise"), lines
     assert sink.counts["/sink"] == 0
+
+
+async def test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_and_it_is_applied_once(
+    deployment, sink
+):
+    """The ledger failed on every delivery of a response (its fault armed to raise): parked.
+    The fault lifted (a ledger without it), `signoff dead-letters replay ID` sends it back
+    to its queue as its sender: applied once, the tool runs once; replayed again, nothing."""
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_DELIVERY_LIMIT="2")
+    deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
+    deployment.start("approval-ledger", faults="ledger.before_commit@approval.respond:raise")
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        response_id = await console.respond(requested.request_id, "approve", "", "", "tester")
+
+        async def parked():
+            listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+            return listed if "delivery_limit" in listed else None
+
+        assert response_id in await eventually(parked)
+        deployment.kill("approval-ledger")
+        deployment.start("approval-ledger")
+        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", response_id, "--as", "olga",
+                                           "--reason", "the ledger is fixed")
+        assert replayed.startswith(f"replayed {response_id}  type=approval.respond session={session_id}"), replayed
+        decided = await next_event(events, "approval.decided", timeout=30)
+        assert (decided.request_id, decided.responder) == (requested.request_id, "tester")
+        await next_event(events, "turn.completed", timeout=30)
+        again = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", response_id, check=False)
+        assert f"no parked message {response_id}" in again
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
+    assert sink.counts["/sink"] == 1
+    [decision] = await rows(deployment, Decision, request_id=requested.request_id)
+    assert decision.message_id == response_id
+    [action] = await rows(deployment, DeadLetterAction, message_id=response_id)
+    assert (action.action, action.message_type, action.session_id, action.operator, action.reason) == (
+        "replayed", "approval.respond", session_id, "olga", "the ledger is fixed")
+    assert action.parked_reason.startswith("delivery_limit: failed on all 3 deliveries")
+
+
+async def test_an_operator_drops_parked_messages_with_a_reason_that_the_ledger_keeps(deployment):
+    import aio_pika
+
+    deployment.start("approval-ledger")
+    async with deployment.console() as console:
+        exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
+        for junk in ("junk-1", "junk-2", "junk-3"):
+            await exchange.publish(aio_pika.Message(b"{not json", message_id=junk), routing_key="approval.respond")
+
+    async def all_parked():
+        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        return listed if listed.startswith("3 dead-lettered") else None
+
+    await eventually(all_parked)
+    # Nothing to replay it as: it names no message type.
+    refused = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", "junk-1", check=False)
+    assert "junk-1: not replayed: its body names no message type" in refused
+    missing = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "junk-1", check=False)
+    assert "--reason" in missing, "a drop needs a reason"
+    dropped = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "junk-2", "--reason",
+                                      "garbage from a load test", "--as", "olga")
+    assert dropped.startswith("dropped junk-2  type=? session=?  (parked: invalid)"), dropped
+    listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+    assert listed.startswith("2 dead-lettered") and "junk-1" in listed and "junk-3" in listed, listed
+    rest = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "--all", "--reason", "all garbage")
+    assert rest.splitlines()[-1] == "2 message(s) dropped", rest
+    assert (await asyncio.to_thread(signoff, deployment, "dead-letters")).startswith("0 dead-lettered")
+    actions = {a.message_id: a for a in await rows(deployment, DeadLetterAction, action="dropped")}
+    assert set(actions) == {"junk-1", "junk-2", "junk-3"}
+    assert (actions["junk-2"].reason, actions["junk-2"].operator) == ("garbage from a load test", "olga")
+    assert actions["junk-2"].parked_reason.startswith("invalid: (message): Invalid JSON")
+    assert actions["junk-1"].reason == "all garbage"
+
+
+async def test_a_replayed_model_step_report_reaches_the_ledger_as_the_model_steps_own(sqlite_deployment):
+    """A parked `step.completed` counts only from the model-step's broker identity: the
+    replay sends it as that identity. Its turn had failed when it was parked, so the
+    ledger counts its attempt as discarded, and refuses nothing."""
+    deployment = sqlite_deployment
+    deployment.extra_env.update(SIGNOFF_DELIVERY_LIMIT="2")
+    deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
+    deployment.start("approval-ledger", faults="ledger.before_commit@step.completed:raise")
+    session_id = "read-" + mint("ses")
+    async with deployment.console() as console:
+        events = await console.watch(session_id)
+        await console.send(StartTurn(session_id=session_id, text="what time is it"))
+        failed = await next_event(events, "turn.failed", timeout=60)
+        assert failed.reason_code == "message_parked"
+        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        [report_id] = re.findall(r"  (\S+)  type=step.completed ", listed)
+        deployment.kill("approval-ledger")
+        deployment.start("approval-ledger")
+        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", "--all")
+        assert replayed.splitlines()[-1] == "1 message(s) replayed", replayed
+
+        async def discarded():
+            return [a for a in await rows(deployment, ProviderAttemptRow, report_message_id=report_id)
+                    if a.status == "discarded"]
+
+        await eventually(discarded)
+        await assert_nothing_left_in_any_queue(console, deployment.namespace)
+        seen = [e async for e in drain_events(events)]
+    assert not [e for e in seen if e.type == "message.rejected"], seen

@@ -46,6 +46,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from services.console import dead_letters
+from shared.ledger.transcripts import EMPTY as EMPTY_TRANSCRIPT
 from shared.messages import mint
 from tests.fuzzing import BATCH, FuzzRun, batches, message_count
 from tests.harness import eventually
@@ -96,7 +97,8 @@ FOUND = {
     # bug: the model-step's report quoting the provider's name outgrew its error field
     "step_provider_name": ("publisher", "commands", "step.requested",
                            {"type": "step.requested", "session_id": "ses_x", "step_id": "stp_x",
-                            "provider": "p" * 4000, "transcript": [], "tools": []}),
+                            "provider": "p" * 4000, "transcript_length": 0,
+                            "transcript_digest": EMPTY_TRANSCRIPT, "tools": []}),
     # bug: PostgreSQL refused the NUL on every delivery
     "nul_responder": ("channel.cli", "channels", "approval.respond",
                       {"type": "approval.respond", "session_id": "ses_x", "request_id": "apr_x",
@@ -124,6 +126,8 @@ async def test_a_message_the_fuzzer_found_failing_on_every_delivery_is_now_parke
     message_id = mint("msg")
     async with deployment.console(identity=identity) as sender:
         target = await sender.channel.get_exchange(f"{deployment.namespace}.{exchange}", ensure=False)
+        # With its own id in the body: one without is parked as invalid for that alone.
+        body = {**body, "message_id": message_id}
         await target.publish(aio_pika.Message(json.dumps(body).encode(), message_id=message_id,
                                               user_id=sender.user), routing_key=routing_key)
     async with deployment.console() as console:

@@ -34,6 +34,7 @@ from shared.messages import (
 )
 from shared.settings import PROJECT_ROOT
 from tests.fake_providers import FakeAnthropic, FakeOpenAI, FakeReply
+from tests.transcript_store import HeldTranscripts
 from tests.harness import assert_nothing_left_in_any_queue, next_event, rows
 
 KEY = "sk-test-4f1c9e2b7d-never-shown"
@@ -67,8 +68,9 @@ async def step(provider, transcript: list[TranscriptEntry], session_id: str = "s
     async def report(message):
         reports.append(message)
 
-    await request_model_step({provider.name: provider}, report, RequestModelStep(
-        session_id=session_id, step_id=mint("stp"), provider=provider.name, transcript=transcript, tools=TOOLS))
+    transcripts = HeldTranscripts()
+    request = transcripts.step(session_id, transcript, provider=provider.name, tools=TOOLS)
+    await request_model_step({provider.name: provider}, transcripts, report, request)
     [reported] = reports
     return reported
 
@@ -294,8 +296,9 @@ async def test_a_session_naming_a_provider_that_is_not_held_fails_its_step_with_
     async def report(message):
         reports.append(message)
 
-    await request_model_step({}, report, RequestModelStep(
-        session_id="ses_1", step_id="stp_1", provider="openai", transcript=[user("hi")], tools=TOOLS))
+    transcripts = HeldTranscripts()
+    request = transcripts.step("ses_1", [user("hi")], provider="openai", tools=TOOLS, step_id="stp_1")
+    await request_model_step({}, transcripts, report, request)
     [reported] = reports
     assert "no provider named 'openai'" in reported.error and [a.status for a in reported.attempts] == ["failed"]
 

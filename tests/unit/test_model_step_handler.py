@@ -7,6 +7,7 @@ import pytest
 from services.model_step import handlers
 from services.model_step.handlers import request_model_step
 from services.model_step.replies import MAX_TOKENS, ProviderError, ProviderReply
+from tests.transcript_store import HeldTranscripts
 from shared.messages import (
     ModelStepCompleted,
     ProposedToolCall,
@@ -48,10 +49,11 @@ async def run(provider, *, report=None, max_bytes=None, transcript=None):
     async def collect(message):
         reports.append(message)
 
-    request = RequestModelStep(session_id="ses_1", step_id="stp_1", provider="fake", tools=TOOLS,
-                               transcript=transcript or [TranscriptEntry(role="user", text="hi")])
+    transcripts = HeldTranscripts()
+    request = transcripts.step("ses_1", transcript or [TranscriptEntry(role="user", text="hi")], provider="fake",
+                               tools=TOOLS, step_id="stp_1")
     limit = {"max_bytes": max_bytes} if max_bytes is not None else {}
-    await request_model_step({"fake": provider}, report or collect, request, **limit)
+    await request_model_step({"fake": provider}, transcripts, report or collect, request, **limit)
     return reports
 
 

@@ -1,14 +1,14 @@
 """the audit log: entries chained per session, the global chain and its head
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
