@@ -207,7 +207,9 @@ def _redact(value: Any, schema: Any, secrets: tuple[str, ...], hidden: list[str]
         for key, item in value.items():
             child = _property(schema, str(key))
             where = (*path, str(key))
-            if declares_secret(child) or is_credential_name(str(key)):
+            # An empty secret field hides nothing; "hidden" there would only corrupt the
+            # value (a parked response with no token could no longer be replayed).
+            if item is not None and (declares_secret(child) or is_credential_name(str(key))):
                 copy[key] = REDACTED
                 hidden.append("/".join(where))
             else:

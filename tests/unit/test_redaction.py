@@ -137,3 +137,9 @@ def test_log_lines_and_their_tracebacks_hide_remembered_secrets_and_credential_s
     line = formatter.format(record)
     assert "remembered-secret-value" not in line and "abcdef123456" not in line
     assert "ValueError" in line
+
+
+def test_an_empty_credential_field_stays_empty_so_a_parked_response_can_be_replayed():
+    body = json.dumps({"type": "approval.respond", "message_id": "msg_1", "response_token": None,
+                       "api_key": None, "signature": "c2lnbmVk"}).encode()
+    assert json.loads(redact_message_body(body)) == json.loads(body)
