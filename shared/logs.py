@@ -67,7 +67,7 @@ def concerning_raw(message_id: str | None, body: bytes) -> None:
     about = {"message_id": message_id} if message_id else {}
     try:
         said = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # a body nested too deep to read is named by its id alone
         said = None
     if isinstance(said, dict):
         for field, key in (("type", "message_type"), ("session_id", "session_id"), ("causation_id", "causation_id")):
