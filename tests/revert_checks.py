@@ -128,7 +128,7 @@ MUTATIONS = [
    "                if True:",
    "tests/crash/test_database_outage.py"),
   ("parked messages the turn waited on are ignored: the session stays stuck", "services/approval_ledger/main.py",
-   "    runtime.consume_parked(partial(apply, handlers.message_parked))",
+   "    runtime.consume_parked(apply_parked)",
    "    pass",
    "tests/integration/test_lifetimes.py::test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session"),
   ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/handlers.py",
@@ -139,6 +139,16 @@ MUTATIONS = [
    "        await self.db.rollback()\n        await self.db.close()",
    "        await self.db.commit()\n        await self.db.close()",
    "tests/integration/test_publisher.py::test_the_publisher_sends_nothing_that_was_not_committed"),
+  ("a failed group's messages all fail with it instead of each being applied alone",
+   "services/approval_ledger/group_commit.py",
+   "            for waiting in group:\n                await self._apply_alone(waiting)",
+   "            for waiting in group:\n                waiting.done.set_exception(error)",
+   "tests/integration/test_group_commit.py::test_a_message_that_fails_in_a_group_fails_alone_and_the_others_commit"),
+  ("a group applies one session's messages out of delivery order", "services/approval_ledger/group_commit.py",
+   "        ordered = sorted(group, key=lambda w: w.message.session_id)",
+   "        ordered = list(reversed(group))",
+   "tests/integration/test_group_commit.py::"
+   "test_waiting_messages_commit_in_one_transaction_each_with_its_inbox_row_and_in_session_order"),
 ]
 
 

@@ -107,6 +107,8 @@ class UnitOfWork:
         self._outbox: list[dict[str, Any]] = []
         # Whether this transaction already queued its NOTIFY (with the inbox row).
         self._notified = False
+        # The message types of the transitions a group commit settled in this transaction.
+        self._settled: list[str | None] = []
 
     async def __aenter__(self) -> UnitOfWork:
         self.db = await self._engine.connect()
@@ -247,8 +249,25 @@ class UnitOfWork:
             db.execute(_NOTIFY, {"channel": self._notify_channel})
             self._notified = True
 
+    @property
+    def settled(self) -> int:
+        """How many transitions a group commit settled in this transaction so far."""
+        return len(self._settled)
+
+    async def settle(self) -> None:
+        """End one transition of a group commit: write what it collected, session row
+        included, and leave the transaction open for the next one (which locks its
+        own session and sees these rows). One NOTIFY serves the whole transaction."""
+        await self.flush(final=True)
+        self._settled.append(self._tag)
+        self._session = None
+        self._tag = None
+
     async def commit(self) -> None:
         await self.flush(final=True)
-        await faults.reached("ledger.before_commit", self._tag)
+        tags = self._settled or [self._tag]
+        for tag in tags:
+            await faults.reached("ledger.before_commit", tag)
         await self.db.commit()
-        await faults.reached("ledger.after_commit", self._tag)
+        for tag in tags:
+            await faults.reached("ledger.after_commit", tag)
