@@ -65,7 +65,7 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
             if stop_publishing and consumed >= published:
                 all_consumed.set()
 
-        await queue.consume(on_message)
+        consumer_tag = await queue.consume(on_message)
         deadline = time.time() + seconds
 
         async def publisher() -> None:
@@ -83,6 +83,9 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
             if consumed < published:
                 await asyncio.wait_for(all_consumed.wait(), 30)
         elapsed = time.time() - started
+        # Cancelled before the queue goes: deleting a queue under its consumer makes the
+        # broker cancel it, which aiormq reports as a warning on stderr.
+        await queue.cancel(consumer_tag)
     finally:
         try:
             cleanup = await consuming.channel()

@@ -17,7 +17,14 @@ from typing import Any
 import asyncpg
 
 from tests.bench.adapter import BenchFailure, ChannelAdapter, RoundTrip
-from tests.bench.cpu import SHORT, dependency_cpu, dependency_cpu_delta, service_cpu, start_profilers
+from tests.bench.cpu import (
+    SHORT,
+    dependency_cpu,
+    dependency_cpu_delta,
+    service_cpu,
+    start_profilers,
+    statement_counts,
+)
 from tests.bench.report import Progress, summary_ms
 from tests.harness import POSTGRES_URL, Deployment
 
@@ -109,6 +116,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     adapter, ledger = ctx.adapter, ctx.ledger
     await ledger.quiescent()
     counts_before = await ledger.counts()
+    sql_before = await statement_counts(ctx.deployment)
     cpu_before, deps_before, own_before = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
     load_before = os.getloadavg()[0]
     profilers = start_profilers(ctx.deployment, profile_dir, seconds) if profile_dir else []
@@ -135,6 +143,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     await ledger.quiescent()
     cpu_after, deps_after, own_after = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
     counts_after = await ledger.counts()
+    sql_after = await statement_counts(ctx.deployment)
     for profiler in profilers:
         try:
             profiler.wait(30)
@@ -210,6 +219,12 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
         "cpu_ms_per_rt": {**{SHORT[k]: v / per_rt * 1000 for k, v in cpu.items()},
                           "signoff_total": sum(cpu.values()) / per_rt * 1000},
         "driver_cpu_ms_per_rt": (own_after - own_before) / per_rt * 1000,
+        # SQL statements (an executemany counts once) and transactions ended, per round trip, by service.
+        "sql_per_rt": {
+            service: {k: (sql_after[service].get(k, 0) - v) / per_rt for k, v in before.items()}
+            for service, before in sql_before.items()
+            if service in sql_after
+        },
         "dependency_cpu_ms_per_rt": {k: v / per_rt * 1000 for k, v in deps.items()},
         # Round trips/s if every CPU of the machine did nothing else (Signoff + driver + dependencies).
         "cpu_bound_round_trips_per_second": (os.cpu_count() or 1) * per_rt

@@ -26,26 +26,35 @@ def summary_ms(values: list[float]) -> dict[str, float | None]:
 
 
 class Progress:
-    """One updating line on stderr per phase."""
+    """One updating line on stderr per phase; where stderr is not a terminal (a log
+    file, CI), a plain line every `PERIOD` seconds and one at the end instead."""
+
+    # Seconds between progress lines when stderr is not a terminal.
+    PERIOD = 5.0
 
     def __init__(self, label: str, render) -> None:
         self.label = label
         self.render = render
         self.started = time.time()
         self.task: asyncio.Task | None = None
+        self.live = sys.stderr.isatty()
 
     async def __aenter__(self) -> Progress:
         self.task = asyncio.create_task(self._loop())
         return self
 
     async def _loop(self) -> None:
+        if not self.live:
+            while True:
+                await asyncio.sleep(self.PERIOD)
+                self._write("\n")
         while True:
             self._write()
             await asyncio.sleep(0.25)
 
     def _write(self, end: str = "") -> None:
-        line = f"\r[{self.label}] {self.render(time.time() - self.started)}"
-        sys.stderr.write(line.ljust(100) + end)
+        text = f"[{self.label}] {self.render(time.time() - self.started)}"
+        sys.stderr.write(f"\r{text.ljust(100)}{end}" if self.live else f"{text.rstrip()}{end}")
         sys.stderr.flush()
 
     async def __aexit__(self, *exc) -> None:
@@ -103,6 +112,17 @@ def render_table(result: dict[str, Any]) -> str:
             f" {cpu.get('model', 0):>8.2f} {cpu.get('executor', 0):>8.2f} {cpu['signoff_total']:>8.2f} │"
             f" {level['driver_cpu_ms_per_rt']:>6.2f} │ {deps.get('postgres', 0):>6.2f} {deps.get('beam.smp', 0):>6.2f}"
             f" {deps.get('redis-server', 0):>6.2f} │ {level['cpu_bound_round_trips_per_second']:>9.1f}")
+    lines.append("")
+    head = f"{'sessions':>8} │ {'SQL statements per round trip (+ commits)':^58} │ {'total':>12}"
+    lines.append(head)
+    lines.append("─" * len(head))
+    for level in result["levels"]:
+        sql = level.get("sql_per_rt") or {}
+        parts = [f"{name} {v['statements']:.1f} + {v['commits']:.1f}" for name, v in sorted(sql.items())
+                 if v.get("statements") or v.get("commits")]
+        statements = sum(v.get("statements", 0) for v in sql.values())
+        commits = sum(v.get("commits", 0) for v in sql.values())
+        lines.append(f"{level['concurrency']:>8} │ {' · '.join(parts):<58} │ {statements:>5.1f} + {commits:>4.1f}")
     lines.append("")
     lines.append("txn/rt: ledger transitions (inbox rows); wtx/rt: all write transactions (ledger + executor claims + "
                  "publisher mark-sent);")
