@@ -80,8 +80,7 @@ def transition(handler):
         provider = None
         if isinstance(message, StartTurn) and refused is None:
             provider = message.provider or ledger.default_provider
-        session = await uow.lock_session(message.session_id, create_with_provider=provider)
-        await uow.receive(message)
+        session = await uow.receive_and_lock(message, create_with_provider=provider)
         if refused:
             records.refusal(uow, session, message, refused)
         else:
