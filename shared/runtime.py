@@ -76,7 +76,7 @@ class Runtime:
     def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
         self.name = name
-        self.topology = Topology(settings.namespace, settings.delivery_limit)
+        self.topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
         # Its own broker identity: RabbitMQ lets it write only its own exchange.
         self.amqp_url, self.user = settings.amqp_login(name)
         self.broker = RabbitBroker(

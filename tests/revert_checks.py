@@ -149,6 +149,11 @@ MUTATIONS = [
    "        ordered = list(reversed(group))",
    "tests/integration/test_group_commit.py::"
    "test_waiting_messages_commit_in_one_transaction_each_with_its_inbox_row_and_in_session_order"),
+  ("on classic queues a message that keeps failing is never parked (its failures not counted)", "shared/consuming.py",
+   "                self._failures[message.message_id] = delivered_before + 1",
+   "                pass",
+   "tests/integration/test_queue_types.py::"
+   "test_on_classic_queues_a_message_that_fails_on_every_delivery_is_parked_at_the_delivery_limit"),
 ]
 
 

@@ -51,13 +51,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     require_services(postgres=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     data_dir = PROJECT_ROOT / "data" / "bench" / f"run-{stamp}"
-    deployment = Deployment(store="postgres", data_dir=data_dir)
+    deployment = Deployment(store="postgres", data_dir=data_dir,
+                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type})
     result: dict[str, Any] = {
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_at_start": os.getloadavg()},
         "settings": {"seconds": args.seconds, "levels": args.levels, "recovery_tries": args.recovery_tries,
                      "recovery_sessions": args.recovery_sessions, "floor_seconds": args.floor_seconds,
+                     "queue_type": args.queue_type,
                      "namespace": deployment.namespace},
         "levels": [],
         "failures": [],
@@ -79,7 +81,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
         result["floor"] = {
             "postgres": await postgres_floor(deployment.schema, args.floor_seconds),
-            "rabbitmq": await rabbitmq_floor(deployment.namespace, args.floor_seconds),
+            "rabbitmq": await rabbitmq_floor(deployment.namespace, args.floor_seconds, queue_type=args.queue_type),
         }
         # Warm every process's pools, caches and imports before measuring.
         await run_level(ctx, min(4, max(args.levels)), args.warmup_seconds, "warm-up")
@@ -137,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="levels 1,4 at 3 s each, 1 recovery try")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="py-spy every service during the highest level; raw stacks and summary.txt in DIR")
+    parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum",
+                        help="the inbound queues' type (SIGNOFF_QUEUE_TYPE; default quorum)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     args = parser.parse_args(argv)
     if args.quick:

@@ -80,7 +80,8 @@ def render_table(result: dict[str, Any]) -> str:
                  f"PostgreSQL ledger, {result['settings']['seconds']:.0f} s per level, load average at start "
                  f"{result['machine']['load_average_at_start'][0]:.1f}")
     lines.append(f"floor: PostgreSQL {_f(pg, 0)} one-row commits/s (16 connections); "
-                 f"RabbitMQ {_f(mq, 0)} confirmed persistent 1 KB msgs/s published+consumed (quorum queue)")
+                 f"RabbitMQ {_f(mq, 0)} confirmed persistent 1 KB msgs/s published+consumed "
+                 f"({result['settings'].get('queue_type', 'quorum')} queue)")
     lines.append("")
     head = (f"{'sessions':>8} {'rt/s':>7} │ {'resp→executed ms':^20} │ {'start→approval ms':^20} │ "
             f"{'txn/rt':>6} {'wtx/rt':>6} {'msg/rt':>6} │ {'pg limit':>8} {'mq limit':>8}")
