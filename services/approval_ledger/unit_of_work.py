@@ -76,6 +76,21 @@ _RECEIVE_AND_LOCK = {
     )
     for notify in (False, True)
 }
+# PostgreSQL, a turn that may open its session: the inbox row, and the session row
+# only if the inbox row went in (a duplicate leaves nothing behind, also inside a
+# group commit, which does not roll back for it); then `_LOCK_SESSION` sees the row.
+_RECEIVE_AND_CREATE = {
+    notify: text(
+        "WITH inbox AS (INSERT INTO inbox (message_id, message_type, session_id, received_at)"
+        " VALUES (:message_id, :message_type, :session_id, :received_at) ON CONFLICT (message_id) DO NOTHING"
+        + (" RETURNING pg_notify(:channel, ''))," if notify else " RETURNING 1),")
+        + " created AS (INSERT INTO sessions (id, status, provider, event_seq, transcript_len, status_reason,"
+        " created_at, updated_at) SELECT :session_id, 'idle', :provider, 0, 0, NULL, :received_at, :received_at"
+        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"
+        " SELECT count(*) AS fresh FROM inbox"
+    )
+    for notify in (False, True)
+}
 
 
 class _Statement:
@@ -244,10 +259,10 @@ class UnitOfWork:
         """`lock_session` and `receive` together: the session locked (None: there is
         none), the message in the inbox, or Duplicate. On PostgreSQL one statement."""
         if self.db.dialect.name != "postgresql":
-            session = await self.lock_session(message.session_id, create_with_provider=create_with_provider)
+            # The inbox first: a duplicate must leave no session row behind (a group
+            # commit does not roll back for it). SQLite has one writer: no lock order.
             await self.receive(message)
-            return session
-        await self._create_session(message.session_id, create_with_provider)
+            return await self.lock_session(message.session_id, create_with_provider=create_with_provider)
         self._tag = message.type
         notify = self._notify_channel is not None and not self._notified
         parameters = {
@@ -258,6 +273,12 @@ class UnitOfWork:
         }
         if notify:
             parameters["channel"] = self._notify_channel
+        if create_with_provider is not None:
+            parameters["provider"] = create_with_provider
+            if (await self.db.execute(_RECEIVE_AND_CREATE[notify], parameters)).scalar() == 0:
+                raise Duplicate(message.message_id)
+            self._notified = self._notified or notify
+            return self._locked((await self.db.execute(_LOCK_SESSION, {"session_id": message.session_id})).first())
         row = (await self.db.execute(_RECEIVE_AND_LOCK[notify], parameters)).one()
         if row.fresh == 0:
             raise Duplicate(message.message_id)

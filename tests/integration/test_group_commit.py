@@ -86,3 +86,19 @@ async def test_a_message_that_fails_in_a_group_fails_alone_and_the_others_commit
         raise outcomes[3]  # type: ignore[misc]
     assert inbox == {m.message_id for m in messages}
     assert turns == dict.fromkeys(sessions, "running")
+
+
+async def test_a_duplicate_in_a_group_leaves_nothing_behind_not_even_the_session_its_turn_would_open(deployment):
+    deployment.setup()
+    async with deployment.engine("approval-ledger") as engine:
+        ledger = await _ledger(deployment, engine)
+        group = GroupCommit(ledger, lanes=1, bound=16)
+        applied = StartTurn(session_id=mint("ses"), text="one")
+        assert await _applied_together(group, [applied]) == [None]
+        # The same message id again, naming a session nobody opened, beside a real turn.
+        again = StartTurn(message_id=applied.message_id, session_id=mint("ses"), text="one")
+        other = StartTurn(session_id=mint("ses"), text="two")
+        assert await _applied_together(group, [again, other]) == [None, None]
+        async with engine.connect() as db:
+            sessions = set((await db.execute(select(TABLES["sessions"].c.id))).scalars())
+    assert sessions == {applied.session_id, other.session_id}
