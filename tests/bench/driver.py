@@ -22,7 +22,7 @@ from shared.settings import PROJECT_ROOT
 from tests.bench.adapter import BenchFailure, ChannelAdapter
 from tests.bench.cpu import find_py_spy, summarize_profile
 from tests.bench.floors import postgres_floor, rabbitmq_floor
-from tests.bench.levels import Context, LedgerReader, run_level
+from tests.bench.levels import Context, LedgerReader, SqliteLedgerReader, run_level
 from tests.bench.recovery import RECOVERY_MODES, recovery_try
 from tests.bench.report import Progress, median_of, render_table
 from tests.harness import Deployment, require_services
@@ -45,6 +45,35 @@ async def check_exactly_once(ctx: Context) -> dict[str, Any]:
         "violations": verdict.violations,
         "passed": verdict.passed,
     }
+
+
+async def embedded_levels(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    """The same round trip on the embedded default (SQLite, one ledger writer, the
+    publisher polling), a deployment of its own: its levels and its own
+    exactly-once check."""
+    deployment = Deployment(store="sqlite", data_dir=data_dir / "sqlite")
+    adapter = ChannelAdapter()
+    ledger = SqliteLedgerReader(deployment.settings)
+    ctx = Context(deployment, adapter, ledger, [])  # type: ignore[arg-type]
+    found: dict[str, Any] = {"levels": [], "failures": ctx.failures}
+    opened = contextlib.AsyncExitStack()
+    try:
+        sys.stderr.write(f"[bench] the embedded default: SQLite ledger (namespace {deployment.namespace})\n")
+        await asyncio.to_thread(deployment.start)
+        await adapter.open(await opened.enter_async_context(deployment.console()))
+        await ledger.open()
+        opened.push_async_callback(ledger.close)
+        await run_level(ctx, min(4, max(args.sqlite_levels)), args.warmup_seconds, "sqlite warm-up")
+        for concurrency in args.sqlite_levels:
+            found["levels"].append(await run_level(ctx, concurrency, args.seconds, f"sqlite level {concurrency}"))
+        found["checks"] = await check_exactly_once(ctx)
+    finally:
+        try:
+            await opened.aclose()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        await deployment.cleanup()
+    return found
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,6 +130,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                        if k not in ("sessions", "mode")}
                 for mode in RECOVERY_MODES}}
         result["checks"] = await check_exactly_once(ctx)
+        if args.sqlite_levels:
+            result["sqlite"] = await embedded_levels(args, data_dir)
     except asyncio.CancelledError:
         result["failures"].append("interrupted")
         sys.stderr.write(f"\n[bench] interrupted; cleaning up namespace and schema {deployment.namespace}\n")
@@ -117,6 +148,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - best effort
             pass
         await deployment.cleanup()
+    sqlite = result.get("sqlite")
+    if sqlite is not None:
+        result["failures"].extend(f"sqlite: {f}" for f in sqlite["failures"])
+        if not sqlite.get("checks", {}).get("passed"):
+            result["failures"].append("sqlite: the exactly-once check failed: "
+                                      f"{sqlite.get('checks', {}).get('violations', 'not run')}")
     result["passed"] = not result["failures"] and bool(result.get("checks", {}).get("passed"))
     if result["passed"] and not args.keep_logs:
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -139,14 +176,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="levels 1,4 at 3 s each, 1 recovery try")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="py-spy every service during the highest level; raw stacks and summary.txt in DIR")
+    parser.add_argument("--sqlite-levels", default="16",
+                        help="levels on the embedded default, SQLite (default 16; 0 or empty: none)")
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum",
                         help="the inbound queues' type (SIGNOFF_QUEUE_TYPE; default quorum)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.levels, args.seconds, args.recovery_tries = "1,4", 3.0, 1
+        args.levels, args.seconds, args.recovery_tries, args.sqlite_levels = "1,4", 3.0, 1, "4"
         args.floor_seconds, args.warmup_seconds = 1.5, 1.0
     args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
+    args.sqlite_levels = [int(x) for x in str(args.sqlite_levels).split(",") if x.strip() and int(x) > 0]
     if not args.levels or min(args.levels) < 1:
         parser.error("--levels needs positive integers, e.g. 1,16,64")
     if args.output is None:

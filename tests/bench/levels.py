@@ -236,3 +236,72 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
         },
         **cost_delta(counts_before, counts_after, n),
     }
+
+
+class SqliteLedgerReader:
+    """`LedgerReader` for the embedded default: the same figures from the SQLite file,
+    through SQLAlchemy Core (times come back aware, as the ledger stores them)."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+
+    async def open(self) -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        self.engine = create_async_engine(self.settings.ledger_url, connect_args={"timeout": 30})
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def _rows(self, statement) -> list:
+        async with self.engine.connect() as db:
+            return list((await db.execute(statement)).all())
+
+    async def counts(self) -> dict[str, Any]:
+        from sqlalchemy import distinct, func, select
+
+        from shared.ledger.tables import TABLES
+
+        inbox, outbox, claims = TABLES["inbox"], TABLES["outbox"], TABLES["execution_claims"]
+        return {
+            "inbox": dict(await self._rows(select(inbox.c.message_type, func.count()).group_by(inbox.c.message_type))),
+            "outbox": dict(await self._rows(
+                select(outbox.c.message_type, func.count()).group_by(outbox.c.message_type))),
+            "relay_batches": (await self._rows(select(func.count(distinct(outbox.c.sent_at)))))[0][0],
+            "claims": (await self._rows(select(func.count()).select_from(claims)))[0][0],
+        }
+
+    async def quiescent(self, timeout: float = 15.0) -> None:
+        from sqlalchemy import func, select
+
+        from shared.ledger.tables import TABLES
+
+        outbox = TABLES["outbox"]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            unsent = await self._rows(select(func.count()).select_from(outbox).where(outbox.c.sent_at.is_(None)))
+            if unsent[0][0] == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise BenchFailure(f"outbox rows still unsent after {timeout:.0f}s")
+
+    async def call_times(self, call_ids: list[str]) -> dict[str, dict[str, float | None]]:
+        from sqlalchemy import select
+
+        from shared.ledger.tables import TABLES
+
+        calls, requests, decisions = TABLES["tool_calls"], TABLES["approval_requests"], TABLES["decisions"]
+        claims, closures = TABLES["execution_claims"], TABLES["closures"]
+        found: dict[str, dict[str, float | None]] = {}
+        for start in range(0, len(call_ids), 500):
+            rows = await self._rows(
+                select(calls.c.id, decisions.c.decided_at, claims.c.claimed_at, claims.c.finished_at,
+                       closures.c.created_at.label("closed_at"))
+                .select_from(calls.outerjoin(requests, requests.c.call_id == calls.c.id)
+                             .outerjoin(decisions, decisions.c.request_id == requests.c.id)
+                             .outerjoin(claims, claims.c.call_id == calls.c.id)
+                             .outerjoin(closures, closures.c.call_id == calls.c.id))
+                .where(calls.c.id.in_(call_ids[start:start + 500])))
+            for r in rows:
+                found[r.id] = {k: ts(getattr(r, k)) for k in ("decided_at", "claimed_at", "finished_at", "closed_at")}
+        return found

@@ -131,6 +131,22 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append("* the level was too short to reach steady state at this concurrency: rate over the whole level.")
     lines.append("pg limit = PostgreSQL floor ÷ txn/rt; mq limit = RabbitMQ floor ÷ msg/rt; cpu limit = CPUs ÷ "
                  "(Signoff + driver + deps CPU per rt).")
+    sqlite = result.get("sqlite")
+    if sqlite and sqlite.get("levels"):
+        lines.append("")
+        lines.append("the embedded default (SQLite ledger, one writer, the publisher polling):")
+        lines.append(f"{'sessions':>8} {'rt/s':>7} │ {'resp→executed ms':^20} │ {'CPU ms per round trip':^47} │ "
+                     f"{'SQL/rt':>7}")
+        lines.append(f"{'':>8} {'':>7} │ {'p50':>6} {'p90':>6} {'p99':>6} │ {'ledger':>8} {'publisher':>9} {'model':>8}"
+                     f" {'executor':>8} {'total':>8} │ {'':>7}")
+        for level in sqlite["levels"]:
+            ex, cpu = level["latency_ms"]["response_to_tool_executed"], level["cpu_ms_per_rt"]
+            statements = sum(v.get("statements", 0) for v in (level.get("sql_per_rt") or {}).values())
+            lines.append(
+                f"{level['concurrency']:>8} {level['round_trips_per_second']:>6.1f}"
+                f"{' ' if level['steady_state'] else '*'} │ {_f(ex['p50']):>6} {_f(ex['p90']):>6} {_f(ex['p99']):>6} │"
+                f" {cpu.get('ledger', 0):>8.2f} {cpu.get('publisher', 0):>9.2f} {cpu.get('model', 0):>8.2f}"
+                f" {cpu.get('executor', 0):>8.2f} {cpu['signoff_total']:>8.2f} │ {statements:>7.1f}")
     recovery = result.get("recovery")
     if recovery and recovery.get("tries"):
         lines.append("")
