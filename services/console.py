@@ -48,7 +48,7 @@ class Console:
     def __init__(self, settings: Settings, identity: str | None = None) -> None:
         self.settings = settings
         self.identity = identity or f"channel.{settings.channel}"
-        self.topology = Topology(settings.namespace, settings.delivery_limit)
+        self.topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
         self.engine = create_engine(settings, identity="console", pool_size=2)
         self.sessions = sessionmaker(self.engine)
         self._channel_key: Ed25519PrivateKey | None = None

@@ -76,6 +76,11 @@ class Inbound:
         self.topology = topology
         self.max_bytes = max_bytes
         self.dedupe_ttl = dedupe_ttl
+        # Failed deliveries by message id, where the queue counts none (a classic queue
+        # sets no x-delivery-count): a message that keeps failing here is parked at the
+        # delivery limit all the same. Per process: a restart, or another replica,
+        # starts the count again (docs/performance.md, "Queue types").
+        self._failures: dict[str, int] = {}
 
     def _seen_key(self, message_id: str) -> str:
         return f"{self.topology.namespace}:seen:{self.consumer}:{message_id}"
@@ -119,7 +124,8 @@ class Inbound:
         if await self._already_handled(message.message_id):
             await raw.ack()
             return "duplicate"
-        delivered_before = int((raw.headers or {}).get("x-delivery-count") or 0)
+        counted = (raw.headers or {}).get("x-delivery-count")
+        delivered_before = int(counted) if counted is not None else self._failures.get(message.message_id, 0)
         previous_deliveries.set(delivered_before)
         sender.set(raw.raw_message.user_id)
         try:
@@ -134,6 +140,7 @@ class Inbound:
                 # RabbitMQ would park it after this nack, saying only "delivery_limit":
                 # park it here instead, with the error that kept it from succeeding.
                 log.exception("%s: handling %s failed on its last delivery", self.consumer, message.message_id)
+                self._failures.pop(message.message_id, None)
                 await self.dead_letter(
                     raw,
                     DELIVERY_LIMIT,
@@ -141,11 +148,16 @@ class Inbound:
                 )
                 return "dead_lettered"
             log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)
+            if counted is None:
+                if len(self._failures) >= 10_000:  # forgotten counts only delay a parking
+                    self._failures.clear()
+                self._failures[message.message_id] = delivered_before + 1
             # A short pause keeps a dead database from turning into a hot loop.
             await asyncio.sleep(0.5)
             await raw.nack(requeue=True)
             return "retried"
         await raw.ack()
+        self._failures.pop(message.message_id, None)
         await self._remember(message.message_id)
         return "handled"
 

@@ -8,11 +8,12 @@ caused it, a schema version and the time it was made.
 
 from __future__ import annotations
 
+import math
 import secrets
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
 Identifier = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -74,6 +75,25 @@ class ProposedToolCall(Model):
     provider_call_id: str = Field(max_length=256)
     name: str = Field(max_length=256)
     arguments: dict[str, Any]
+
+    @field_validator("arguments")
+    @classmethod
+    def _only_json_numbers(cls, arguments: dict[str, Any]) -> dict[str, Any]:
+        # Python's JSON reader takes NaN and Infinity, which no JSON message can carry:
+        # the call would be digested as one thing and reach its reader as another (null).
+        if not _finite(arguments):
+            raise ValueError("tool arguments hold a number JSON cannot carry (NaN or Infinity)")
+        return arguments
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 class TranscriptCall(Model):

@@ -50,7 +50,7 @@ def _password(path: Path) -> tuple[str, bool]:
 
 
 async def provision_broker(settings: Settings, channels: list[str]) -> list[str]:
-    topology = Topology(settings.namespace, settings.delivery_limit)
+    topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
     done = []
     if settings.broker_identities:
         done += await _identities(settings, topology, channels)

@@ -4,9 +4,13 @@ which dependency is unreachable, and run until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import socket
+import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -73,7 +77,7 @@ class Runtime:
     def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
         self.name = name
-        self.topology = Topology(settings.namespace, settings.delivery_limit)
+        self.topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
         # Its own broker identity: RabbitMQ lets it write only its own exchange.
         self.amqp_url, self.user = settings.amqp_login(name)
         self.broker = RabbitBroker(
@@ -171,6 +175,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, self._write_statement_counts)
         async with AsyncExitStack() as stack:
             await self.expose()
             stack.push_async_callback(self.health.stop)
@@ -190,6 +195,19 @@ class Runtime:
             if task is not None:
                 task.cancel()
             log.info("%s stopping", self.name)
+
+    def _write_statement_counts(self) -> None:
+        """`make bench` asks (SIGUSR1) how much SQL this process sent so far:
+        <data_dir>/stats/<service>-<pid>.json, written whole (rename)."""
+        # Only a process that uses the ledger has loaded its module (and counted anything).
+        database = sys.modules.get("shared.ledger.database")
+        counts = getattr(database, "STATEMENT_COUNTS", {})
+        folder = self.settings.data_dir / "stats"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.name}-{os.getpid()}.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps({**counts, "written_at": time.time()}))
+        partial.replace(path)
 
 
 async def _the_message_itself(message: RabbitMessage) -> RabbitMessage:

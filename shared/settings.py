@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
     # that keeps failing would loop forever without one.
     delivery_limit: int = 20
+    # The inbound queues' type: "quorum" (replicated; RabbitMQ counts deliveries and
+    # parks at the limit) or "classic" (version 2; less broker CPU per message, one
+    # copy, the consumer counts failed deliveries itself). docs/performance.md, "Queue types".
+    queue_type: Literal["quorum", "classic"] = "quorum"
     prefetch: int = 64
     publisher_batch: int = 500
     publisher_poll_seconds: float = 0.02

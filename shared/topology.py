@@ -1,8 +1,11 @@
 """Exchanges, queues, routing and who may use them: one place that names them all.
 
 Every name starts with the namespace, so deployments and parallel tests share a
-broker without seeing each other. Queues are durable quorum queues with an
-explicit delivery limit (RabbitMQ 3.10 sets none) and a dead-letter exchange.
+broker without seeing each other. The inbound queues are durable quorum queues
+with an explicit delivery limit (RabbitMQ 3.10 sets none) and a dead-letter
+exchange; or, by the setting `queue_type`, durable classic queues (version 2),
+which cost the broker less per message but keep one copy and count no
+deliveries (docs/performance.md, "Queue types").
 
 Each sender has an exchange of its own, and only its broker identity may write
 it (docs/design.md, "Trust boundaries"): channel adapters publish turns and
@@ -70,6 +73,8 @@ class Permissions:
 class Topology:
     namespace: str
     delivery_limit: int = 20
+    # "quorum" (replicated, deliveries counted: the default) or "classic" (version 2).
+    queue_type: str = "quorum"
 
     def _name(self, short: str) -> str:
         return f"{self.namespace}.{short}"
@@ -118,6 +123,15 @@ class Topology:
         return self._name(short)
 
     def queue(self, short: str, routing_key: str) -> RabbitQueue:
+        if self.queue_type == "classic":
+            # No delivery limit on a classic queue: Inbound counts failed deliveries itself.
+            return RabbitQueue(
+                self.queue_name(short),
+                queue_type=QueueType.CLASSIC,
+                durable=True,
+                routing_key=routing_key,
+                arguments={"x-queue-version": 2, "x-dead-letter-exchange": self.dead.name},
+            )
         return RabbitQueue(
             self.queue_name(short),
             queue_type=QueueType.QUORUM,

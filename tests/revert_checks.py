@@ -128,7 +128,7 @@ MUTATIONS = [
    "                if True:",
    "tests/crash/test_database_outage.py"),
   ("parked messages the turn waited on are ignored: the session stays stuck", "services/approval_ledger/main.py",
-   "    runtime.consume_parked(partial(apply, handlers.message_parked))",
+   "    runtime.consume_parked(apply_parked)",
    "    pass",
    "tests/integration/test_lifetimes.py::test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session"),
   ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/handlers.py",
@@ -303,6 +303,26 @@ MUTATIONS = [
    "            if schema != 'public':\n"
    "                await conn.execute(text(f'ALTER SCHEMA \"{schema}\" OWNER TO \"{ledger}\"'))",
    "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
+  ("a failed group's messages all fail with it instead of each being applied alone",
+   "services/approval_ledger/group_commit.py",
+   "            for waiting in group:\n                await self._apply_alone(waiting)",
+   "            for waiting in group:\n                waiting.done.set_exception(error)",
+   "tests/integration/test_group_commit.py::test_a_message_that_fails_in_a_group_fails_alone_and_the_others_commit"),
+  ("a group applies one session's messages out of delivery order", "services/approval_ledger/group_commit.py",
+   "        ordered = sorted(group, key=lambda w: w.message.session_id)",
+   "        ordered = list(reversed(group))",
+   "tests/integration/test_group_commit.py::"
+   "test_waiting_messages_commit_in_one_transaction_each_with_its_inbox_row_and_in_session_order"),
+  ("on classic queues a message that keeps failing is never parked (its failures not counted)", "shared/consuming.py",
+   "                self._failures[message.message_id] = delivered_before + 1",
+   "                pass",
+   "tests/integration/test_queue_types.py::"
+   "test_on_classic_queues_a_message_that_fails_on_every_delivery_is_parked_at_the_delivery_limit"),
+  ("a duplicate turn in a group commit leaves the session it would open behind", "services/approval_ledger/unit_of_work.py",
+   '        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"',
+   '        " ON CONFLICT (id) DO NOTHING)"',
+   "tests/integration/test_group_commit.py::"
+   "test_a_duplicate_in_a_group_leaves_nothing_behind_not_even_the_session_its_turn_would_open"),
 ]
 
 

@@ -80,29 +80,37 @@ class Ledger:
 def transition(handler):
     """Run a handler as one unit of work: lock the session, record the message in
     the inbox (a duplicate ends here, silently), refuse it if its sender may not
-    send it, else apply; commit state and outbox."""
+    send it, else apply; commit state and outbox.
 
-    @functools.wraps(handler)
-    async def apply(ledger: Ledger, message: Envelope) -> None:
+    `apply.within(ledger, uow, message)` is the same transition on a unit of work
+    that is already open and that the caller commits: a group commit applies
+    several that way in one transaction (`group_commit.py`). It raises Duplicate."""
+
+    async def within(ledger: Ledger, uow: UnitOfWork, message: Envelope) -> None:
         refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
         # A turn may open a session; no other message, nor a refused turn, may.
         provider = None
         if isinstance(message, StartTurn) and refused is None:
             provider = message.provider or ledger.default_provider
+        session = await uow.receive_and_lock(message, create_with_provider=provider)
+        if refused:
+            records.refusal(uow, session, message, refused)
+        else:
+            await handler(ledger, uow, session, message)
+
+    @functools.wraps(handler)
+    async def apply(ledger: Ledger, message: Envelope) -> None:
+        # Counts implied by the transition move only once it commits (shared/observability.py).
         with counting_on_commit() as committed, timed(LEDGER_TRANSACTION.labels(message.type)):
             async with ledger.unit_of_work() as uow:
                 try:
-                    session = await uow.lock_session(message.session_id, create_with_provider=provider)
-                    await uow.receive(message)
-                    if refused:
-                        records.refusal(uow, session, message, refused)
-                    else:
-                        await handler(ledger, uow, session, message)
+                    await within(ledger, uow, message)
                     await uow.commit()
                 except Duplicate:
                     return
             committed()
 
+    apply.within = within  # type: ignore[attr-defined]
     return apply
 
 

@@ -19,13 +19,19 @@ from . import handlers
 from .audit import link_forever
 from .authority import Authority
 from .backlog import measure_forever
+from .group_commit import GroupCommit
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
 
-# The ledger's PostgreSQL pool, and so the most transitions in flight at once.
+# The ledger's PostgreSQL pool: one connection per group-commit lane, the rest for
+# the sweeps and parked messages.
 POOL_SIZE = 20
 # How often the ledger measures what waits (services/approval_ledger/backlog.py) for /metrics.
 BACKLOG_SECONDS = 5.0
+# Group commit (group_commit.py): lanes applying groups at once, and the most
+# transitions in one group (one transaction holding that many session locks).
+LANES = 4
+GROUP_BOUND = 16
 ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
     ("turn.cancel", CancelTurn, handlers.cancel_turn),
@@ -56,21 +62,22 @@ async def run(settings: Settings) -> None:
         default_provider=settings.provider,
         notify_channel=notify_channel(settings),
     )
-    # No more transitions at once than the pool has connections: past that they
-    # would queue inside the pool, whose checkout timeout turns load into failed
-    # handlers, redeliveries and, after the delivery limit, dead letters.
-    in_flight = asyncio.Semaphore(POOL_SIZE if settings.is_postgres else 1)
-
-    async def apply(handler, message) -> None:
-        async with in_flight:
-            await handler(ledger, message)
-
+    # Transitions wait in the lanes, not in the pool: no more transactions at once
+    # than there are connections, so load never meets the pool's checkout timeout
+    # (failed handlers, redeliveries, dead letters). SQLite has one writer: one lane.
+    group = GroupCommit(ledger, lanes=LANES if settings.is_postgres else 1, bound=GROUP_BOUND)
     for message_type, model, handler in ROUTES:
         # No Redis look-up here: the inbox check is one statement inside the
         # transition's own transaction, cheaper than the two Redis calls that
         # would only ever save it for the rare duplicate (invariant 8).
-        runtime.consume(message_type, TypeAdapter(model), partial(apply, handler), redis_fast_path=False)
-    runtime.consume_parked(partial(apply, handlers.message_parked))
+        runtime.consume(message_type, TypeAdapter(model), partial(group.apply, handler), redis_fast_path=False)
+    parked = asyncio.Semaphore(POOL_SIZE - LANES if settings.is_postgres else 1)
+
+    async def apply_parked(message) -> None:
+        async with parked:
+            await handlers.message_parked(ledger, message)
+
+    runtime.consume_parked(apply_parked)
     retention = Retention(
         outbox=timedelta(seconds=settings.outbox_retention_seconds),
         inbox=timedelta(seconds=settings.inbox_retention_seconds),

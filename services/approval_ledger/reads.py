@@ -188,14 +188,15 @@ class StepCalls:
 
 
 async def step(uow: UnitOfWork, step_id: str, session_id: str) -> StepRead:
-    row = (await uow.db.execute(_STEP, {"step_id": step_id, "session_id": session_id})).first()
-    if row is None:
+    found = await uow.read(_STEP, {"step_id": step_id, "session_id": session_id})
+    if not found:
         return StepRead(None, False)
+    row = found[0]
     return StepRead(Step(row.id, row.session_id, row.turn_id, row.status), bool(row.waiting))
 
 
 async def call_and_siblings(uow: UnitOfWork, call_id: str, session_id: str) -> StepCalls:
-    rows = (await uow.db.execute(_CALL_AND_SIBLINGS, {"call_id": call_id, "session_id": session_id})).all()
+    rows = await uow.read(_CALL_AND_SIBLINGS, {"call_id": call_id, "session_id": session_id})
     return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
 
 
@@ -204,7 +205,7 @@ async def request_and_calls(
 ) -> tuple[RequestOnRecord | None, StepCalls]:
     """The request as `responder` answers it (whether they approved it already)."""
     parameters = {"request_id": request_id, "session_id": session_id, "responder": responder}
-    rows = (await uow.db.execute(_REQUEST_AND_CALLS, parameters)).all()
+    rows = await uow.read(_REQUEST_AND_CALLS, parameters)
     if not rows:
         return None, StepCalls([], False)
     first = rows[0]
@@ -254,12 +255,12 @@ async def due_escalations(uow: UnitOfWork, at: datetime, limit: int = 100) -> li
 
 async def response_used(uow: UnitOfWork, response_id: str) -> bool:
     """Whether a decision, or an approval counted towards one, was made with this signed response."""
-    return (await uow.db.scalar(_RESPONSE_USED, {"response_id": response_id})) is not None
+    return bool(await uow.read(_RESPONSE_USED, {"response_id": response_id}))
 
 
 async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
     """The session's pending requests as stored before this transition, oldest first."""
-    return list(await uow.db.scalars(_PENDING, {"session_id": session_id}))
+    return [row.id for row in await uow.read(_PENDING, {"session_id": session_id})]
 
 
 _CLAIM_COLUMNS = (CLAIMS.c.status, CLAIMS.c.outcome, CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at)
@@ -271,9 +272,10 @@ async def claim(uow: UnitOfWork, call_id: str, *, with_result: bool = False) -> 
     """The executor's claim on a call as it stands; its recorded result only when asked
     for (it may be a megabyte)."""
     query = _CLAIM_WITH_RESULT if with_result else _CLAIM
-    row = (await uow.db.execute(query, {"call_id": call_id})).first()
-    if row is None:
+    found = await uow.read(query, {"call_id": call_id})
+    if not found:
         return None
+    row = found[0]
     return ClaimOnRecord(
         row.status, row.outcome, row.result if with_result else None, row.holder, row.attempts, row.claimed_at
     )
@@ -283,7 +285,8 @@ async def transcript_rows(uow: UnitOfWork, session: SessionState) -> list[dict]:
     """The whole transcript as stored (JSON-mode dumps): the rows, then the entries appended now."""
     rows = []
     if session.transcript_base:
-        rows = list(await uow.db.scalars(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base}))
+        stored = await uow.read(_TRANSCRIPT, {"session_id": session.id, "upto": session.transcript_base})
+        rows = [row.entry for row in stored]
     return rows + [entry.model_dump(mode="json") for entry in session.appended]
 
 

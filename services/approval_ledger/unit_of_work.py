@@ -17,15 +17,16 @@ global chain is linked after commit (`services/approval_ledger/audit.py`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, func, select, text
+from sqlalchemy import JSON, Connection, Table, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import audit, faults
-from shared.ledger.database import insert_unless_present
+from shared.ledger.database import STATEMENT_COUNTS, insert_unless_present
 from shared.ledger.tables import TABLES
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
@@ -69,6 +70,122 @@ _UPDATE_BY_ID = {
     if "id" in table.c
 }
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
+# PostgreSQL: the inbox row and the session's lock in one statement (one round trip
+# fewer per transition). `fresh` 0: the message was applied before. The session is
+# NULL when it does not exist (the outer join keeps the inbox's answer either way).
+_RECEIVE_AND_LOCK = {
+    notify: text(
+        "WITH inbox AS (INSERT INTO inbox (message_id, message_type, session_id, received_at)"
+        " VALUES (:message_id, :message_type, :session_id, :received_at) ON CONFLICT (message_id) DO NOTHING"
+        + (" RETURNING pg_notify(:channel, ''))," if notify else " RETURNING 1),")
+        + " locked AS (SELECT * FROM sessions WHERE id = :session_id FOR UPDATE)"
+        " SELECT (SELECT count(*) FROM inbox) AS fresh, locked.* FROM (SELECT 1) AS one LEFT JOIN locked ON true"
+    )
+    for notify in (False, True)
+}
+# PostgreSQL, a turn that may open its session: the inbox row, and the session row
+# only if the inbox row went in (a duplicate leaves nothing behind, also inside a
+# group commit, which does not roll back for it); then `_LOCK_SESSION` sees the row.
+_RECEIVE_AND_CREATE = {
+    notify: text(
+        "WITH inbox AS (INSERT INTO inbox (message_id, message_type, session_id, received_at)"
+        " VALUES (:message_id, :message_type, :session_id, :received_at) ON CONFLICT (message_id) DO NOTHING"
+        + (" RETURNING pg_notify(:channel, ''))," if notify else " RETURNING 1),")
+        + " created AS (INSERT INTO sessions (id, status, provider, event_seq, transcript_len, status_reason,"
+        " created_at, updated_at) SELECT :session_id, 'idle', :provider, 0, 0, NULL, :received_at, :received_at"
+        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"
+        " SELECT count(*) AS fresh FROM inbox"
+    )
+    for notify in (False, True)
+}
+
+
+class _Statement:
+    """The text and positional values of one statement for asyncpg, built from
+    table rows with each column's SQLAlchemy bind processor (JSON serialized,
+    times in UTC) applied to its values."""
+
+    def __init__(self, dialect: Any) -> None:
+        self.dialect = dialect
+        self.values: list[Any] = []
+
+    def value(self, value: Any, column: Any = None) -> str:
+        if column is not None:
+            process = _bind_processor(column, self.dialect)
+            if process is not None:
+                value = process(value)
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+    def insert(self, table: Table, rows: list[dict[str, Any]]) -> str:
+        names = list(rows[0])
+        columns = [table.c[name] for name in names]
+        tuples = ", ".join(
+            "(" + ", ".join(self.value(row[name], column) for name, column in zip(names, columns, strict=True)) + ")"
+            for row in rows
+        )
+        quoted = ", ".join(f'"{name}"' for name in names)
+        return f"INSERT INTO {table.name} ({quoted}) VALUES {tuples}"
+
+    def update(self, table: Table, key: Any, values: dict[str, Any]) -> str:
+        assignments = ", ".join(f'"{name}" = {self.value(v, table.c[name])}' for name, v in values.items())
+        return f"UPDATE {table.name} SET {assignments} WHERE id = {self.value(key, table.c.id)}"
+
+
+_BIND_PROCESSORS: dict[Any, Any] = {}
+
+
+class _Record:
+    """An asyncpg record read by attribute, as SQLAlchemy's rows are; JSON columns
+    decoded (SQLAlchemy's codec on the connection hands them over as text)."""
+
+    __slots__ = ("_json", "_record")
+
+    def __init__(self, record: Any, json_columns: frozenset[str]) -> None:
+        self._record = record
+        self._json = json_columns
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self._record[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        if name in self._json and isinstance(value, str):
+            return json.loads(value)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    sql: str
+    # Parameter names in positional order, and the values of the query's own literals.
+    names: list[str]
+    literals: dict[str, Any]
+    json_columns: frozenset[str]
+
+
+_COMPILED: dict[Any, _Compiled] = {}
+
+
+def _compiled(query: Any, dialect: Any) -> _Compiled:
+    """A query's PostgreSQL text and what running it on asyncpg needs, compiled once."""
+    try:
+        return _COMPILED[query]
+    except KeyError:
+        compiled = query.compile(dialect=dialect)
+        json_columns = frozenset(c.key for c in query.selected_columns if isinstance(c.type, JSON))
+        found = _COMPILED[query] = _Compiled(
+            str(compiled), list(compiled.positiontup or ()), dict(compiled.params), json_columns
+        )
+        return found
+
+
+def _bind_processor(column: Any, dialect: Any) -> Any:
+    try:
+        return _BIND_PROCESSORS[column]
+    except KeyError:
+        process = _BIND_PROCESSORS[column] = column.type._cached_bind_processor(dialect)
+        return process
 
 
 def storable(value: Any) -> Any:
@@ -139,6 +256,8 @@ class UnitOfWork:
         self._audit: list[dict[str, Any]] = []
         # Whether this transaction already queued its NOTIFY (with the inbox row).
         self._notified = False
+        # The message types of the transitions a group commit settled in this transaction.
+        self._settled: list[str | None] = []
 
     async def __aenter__(self) -> UnitOfWork:
         self.db = await self._engine.connect()
@@ -162,13 +281,50 @@ class UnitOfWork:
         that two first messages of one session meet at the row lock, the second
         seeing what the first committed, instead of both inserting and one failing
         on the primary key."""
+        await self._create_session(session_id, create_with_provider)
+        row = (await self.db.execute(_LOCK_SESSION, {"session_id": session_id})).first()
+        return self._locked(row)
+
+    async def receive_and_lock(
+        self, message: Envelope, *, create_with_provider: str | None = None
+    ) -> SessionState | None:
+        """`lock_session` and `receive` together: the session locked (None: there is
+        none), the message in the inbox, or Duplicate. On PostgreSQL one statement."""
+        if self.db.dialect.name != "postgresql":
+            # The inbox first: a duplicate must leave no session row behind (a group
+            # commit does not roll back for it). SQLite has one writer: no lock order.
+            await self.receive(message)
+            return await self.lock_session(message.session_id, create_with_provider=create_with_provider)
+        self._tag = message.type
+        notify = self._notify_channel is not None and not self._notified
+        parameters = {
+            "message_id": message.message_id,
+            "message_type": message.type,
+            "session_id": message.session_id,
+            "received_at": self.now,
+        }
+        if notify:
+            parameters["channel"] = self._notify_channel
         if create_with_provider is not None:
+            parameters["provider"] = create_with_provider
+            if (await self.db.execute(_RECEIVE_AND_CREATE[notify], parameters)).scalar() == 0:
+                raise Duplicate(message.message_id)
+            self._notified = self._notified or notify
+            return self._locked((await self.db.execute(_LOCK_SESSION, {"session_id": message.session_id})).first())
+        row = (await self.db.execute(_RECEIVE_AND_LOCK[notify], parameters)).one()
+        if row.fresh == 0:
+            raise Duplicate(message.message_id)
+        self._notified = self._notified or notify
+        return self._locked(row if row.id is not None else None)
+
+    async def _create_session(self, session_id: str, provider: str | None) -> None:
+        if provider is not None:
             await self.db.execute(
                 _INSERT_SESSION[self.db.dialect.name],
                 {
                     "id": session_id,
                     "status": "idle",
-                    "provider": create_with_provider,
+                    "provider": provider,
                     "event_seq": 0,
                     "transcript_len": 0,
                     "status_reason": None,
@@ -176,7 +332,8 @@ class UnitOfWork:
                     "updated_at": self.now,
                 },
             )
-        row = (await self.db.execute(_LOCK_SESSION, {"session_id": session_id})).first()
+
+    def _locked(self, row: Any) -> SessionState | None:
         if row is None:
             return None
         self._session = SessionState(
@@ -214,6 +371,20 @@ class UnitOfWork:
         if inserted.rowcount == 0:
             raise Duplicate(message.message_id)
         self._notified = notify
+
+    async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
+        """The rows of one of the handlers' reads (a Core SELECT built once, parameters
+        plain strings and numbers). On PostgreSQL, once the transaction has begun, it
+        goes straight to asyncpg: a read costs a fraction of SQLAlchemy's execution."""
+        if self.db.dialect.name == "postgresql":
+            driver = (await self.db.get_raw_connection()).driver_connection
+            if driver is not None and driver.is_in_transaction():
+                compiled = _compiled(query, self.db.dialect)
+                STATEMENT_COUNTS["statements"] += 1
+                values = (parameters.get(n, compiled.literals.get(n)) for n in compiled.names)
+                records = await driver.fetch(compiled.sql, *values)
+                return [_Record(record, compiled.json_columns) for record in records]
+        return list((await self.db.execute(query, parameters)).all())
 
     def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """A new row, inserted at the next flush."""
@@ -274,14 +445,39 @@ class UnitOfWork:
         self._audit.append(entry)
 
     async def flush(self, *, final: bool = False) -> None:
-        """Write what was collected so far: one INSERT per table, the updates, then the
-        outbox rows in emission order; `final`: also the session row's changes and the
-        NOTIFY. The writes run in one greenlet (`run_sync`): the same statements,
-        without an asyncio round per statement."""
-        await self.db.run_sync(self._write, final)
+        """Write what was collected so far: the new rows per table, the updates, then
+        the outbox rows in emission order; `final`: also the session row's changes
+        and the NOTIFY. On PostgreSQL all of it is one statement on the driver's
+        connection (`_write_in_one_statement`); on SQLite one INSERT per table and one
+        UPDATE per row, run in one greenlet (`run_sync`)."""
+        notify = self._collect_session_changes(final)
+        if self.db.dialect.name == "postgresql":
+            await self._write_in_one_statement(notify)
+        else:
+            await self.db.run_sync(self._write, notify)
 
-    def _write(self, db: Connection, final: bool) -> None:
+    def _collect_session_changes(self, final: bool) -> bool:
+        """At the end of a transition: the session row's changes join the updates.
+        True: this flush also sends the transaction's NOTIFY."""
         session = self._session
+        if final and session is not None and session.written() != session.stored:
+            self.update(
+                SESSIONS,
+                session.id,
+                status=session.status,
+                event_seq=session.event_seq,
+                transcript_len=session.transcript_len,
+                transcript_digest=session.transcript_digest,
+                updated_at=session.updated_at,
+                audit_seq=session.audit_seq,
+                audit_hash=session.audit_hash,
+            )
+            session.stored = session.written()
+        notify = final and self._notify_channel is not None and not self._notified
+        self._notified = self._notified or notify
+        return notify
+
+    def _write(self, db: Connection, notify: bool) -> None:
         for table in INSERT_ORDER:
             rows = self._rows.pop(table, None)
             if rows:
@@ -295,30 +491,70 @@ class UnitOfWork:
         if self._audit:
             db.execute(_INSERT[AUDIT], self._audit)
             self._audit = []
-        if not final:
-            return
-        if session is not None and session.written() != session.stored:
-            db.execute(
-                _UPDATE_BY_ID[SESSIONS],
-                {
-                    "id_": session.id,
-                    "status": session.status,
-                    "event_seq": session.event_seq,
-                    "transcript_len": session.transcript_len,
-                    "transcript_digest": session.transcript_digest,
-                    "updated_at": session.updated_at,
-                    "audit_seq": session.audit_seq,
-                    "audit_hash": session.audit_hash,
-                },
-            )
-            session.stored = session.written()
-        if self._notify_channel and not self._notified:
+        if notify:
             # NOTIFY is delivered on commit only, so the publisher never wakes for a rollback.
             db.execute(_NOTIFY, {"channel": self._notify_channel})
-            self._notified = True
+
+    async def _write_in_one_statement(self, notify: bool) -> None:
+        """PostgreSQL: every write of the flush in one statement sent straight to the
+        driver (asyncpg, in the transaction SQLAlchemy began on this connection), the
+        others as data-modifying CTEs of the last: one round trip, and none of
+        SQLAlchemy's per-statement machinery, which costs more CPU than the writes.
+        Values go through the columns' own bind processors, so they are stored
+        exactly as SQLAlchemy stores them. The parts see one snapshot, which is all
+        they need: the updates are of rows stored before this flush (a handler never
+        changes what it just added), and foreign keys are checked at the end of the
+        statement, when the parents inserted beside their children are there."""
+        sql = _Statement(self.db.dialect)
+        parts = []
+        for table in INSERT_ORDER:
+            rows = self._rows.pop(table, None)
+            if rows:
+                parts.append(sql.insert(table, rows))
+        for (table, key), values in self._updates.items():
+            parts.append(sql.update(table, key, values))
+        self._updates.clear()
+        if self._outbox:
+            parts.append(sql.insert(OUTBOX, self._outbox))
+            self._outbox = []
+        if self._audit:
+            parts.append(sql.insert(AUDIT, self._audit))
+            self._audit = []
+        if notify:
+            parts.append(f"SELECT pg_notify({sql.value(self._notify_channel)}, '')")
+        if not parts:
+            return
+        text_ = parts[-1]
+        if len(parts) > 1:
+            text_ = "WITH " + ", ".join(f"w{n} AS ({part})" for n, part in enumerate(parts[:-1])) + " " + text_
+        driver = (await self.db.get_raw_connection()).driver_connection
+        assert driver is not None
+        if not driver.is_in_transaction():
+            # SQLAlchemy begins the driver's transaction at its first statement: this
+            # flush must not run before it, outside any transaction (autocommitted).
+            await self.db.exec_driver_sql("SELECT 1")
+        STATEMENT_COUNTS["statements"] += 1
+        await driver.execute(text_, *sql.values)
+
+    @property
+    def settled(self) -> int:
+        """How many transitions a group commit settled in this transaction so far."""
+        return len(self._settled)
+
+    async def settle(self) -> None:
+        """End one transition of a group commit: write what it collected, session row
+        included, and leave the transaction open for the next one (which locks its
+        own session and sees these rows). One NOTIFY serves the whole transaction."""
+        await self.flush(final=True)
+        self._settled.append(self._tag)
+        self._session = None
+        self._tag = None
 
     async def commit(self) -> None:
         await self.flush(final=True)
-        await faults.reached("ledger.before_commit", self._tag)
+        tags = self._settled or [self._tag]
+        for tag in tags:
+            await faults.reached("ledger.before_commit", tag)
         await self.db.commit()
-        await faults.reached("ledger.after_commit", self._tag)
+        for tag in tags:
+            await faults.reached("ledger.after_commit", tag)

@@ -19,6 +19,27 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MIGRATION_LOCK = 0x5160FF
 
 
+# SQL this process sent, counted for `make bench` (which asks a service for them with
+# SIGUSR1, shared/runtime.py): statements (an executemany is one) and transactions ended.
+STATEMENT_COUNTS = {"statements": 0, "commits": 0, "rollbacks": 0}
+
+
+def _count_statements(engine: AsyncEngine) -> AsyncEngine:
+    def statement(*_args) -> None:
+        STATEMENT_COUNTS["statements"] += 1
+
+    def committed(_connection) -> None:
+        STATEMENT_COUNTS["commits"] += 1
+
+    def rolled_back(_connection) -> None:
+        STATEMENT_COUNTS["rollbacks"] += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", statement)
+    event.listen(engine.sync_engine, "commit", committed)
+    event.listen(engine.sync_engine, "rollback", rolled_back)
+    return engine
+
+
 def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> AsyncEngine:
     """An engine on the ledger, logged in as `identity` (a service, or `console`): on
     PostgreSQL its own role, which may do only what that service needs."""
@@ -30,7 +51,9 @@ def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> 
         # No overflow: an overflow connection is closed when it is returned, so under
         # steady load every checkout past the pool size paid a new connection (a TCP
         # handshake, authentication and a PostgreSQL backend process) and dropped it.
-        return create_async_engine(url, pool_size=pool_size, max_overflow=0, connect_args=connect_args)
+        return _count_statements(
+            create_async_engine(url, pool_size=pool_size, max_overflow=0, connect_args=connect_args)
+        )
     Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
     # One connection: SQLite has one writer at a time anyway, and queueing in
     # the pool is kinder than "database is locked".
@@ -45,7 +68,7 @@ def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> 
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
-    return engine
+    return _count_statements(engine)
 
 
 async def database_reachable(engine: AsyncEngine) -> bool:

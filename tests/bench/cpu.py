@@ -119,3 +119,31 @@ def _frame(frame: str) -> str:
     elif len(parts) > 2:
         where = "/".join(parts[-2:])
     return f"{name} ({where})"
+
+
+async def statement_counts(deployment: Deployment, timeout: float = 5.0) -> dict[str, dict[str, int]]:
+    """SQL each service sent so far (shared/ledger/database.py STATEMENT_COUNTS): asked
+    for with SIGUSR1, read from <data_dir>/stats/<service>-<pid>.json."""
+    import asyncio
+    import json
+    import signal
+    import time
+
+    asked = time.time()
+    paths = {}
+    for name, process in deployment.processes.items():
+        if process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+            paths[name] = deployment.data_dir / "stats" / f"{name.split('#')[0]}-{process.pid}.json"
+    counts: dict[str, dict[str, int]] = {}
+    while paths and time.time() < asked + timeout:
+        for name, path in list(paths.items()):
+            try:
+                found = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if found.pop("written_at", 0) >= asked:
+                counts[SHORT.get(name, name)] = found
+                del paths[name]
+        await asyncio.sleep(0.01)
+    return counts

@@ -22,7 +22,7 @@ from shared.settings import PROJECT_ROOT
 from tests.bench.adapter import BenchFailure, ChannelAdapter
 from tests.bench.cpu import find_py_spy, summarize_profile
 from tests.bench.floors import postgres_floor, rabbitmq_floor
-from tests.bench.levels import Context, LedgerReader, run_level
+from tests.bench.levels import Context, LedgerReader, SqliteLedgerReader, run_level
 from tests.bench.recovery import RECOVERY_MODES, recovery_try
 from tests.bench.report import Progress, median_of, render_table
 from tests.harness import Deployment, require_services
@@ -68,11 +68,41 @@ async def long_session(ctx: Context, turns: int) -> dict[str, Any]:
     }
 
 
+async def embedded_levels(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    """The same round trip on the embedded default (SQLite, one ledger writer, the
+    publisher polling), a deployment of its own: its levels and its own
+    exactly-once check."""
+    deployment = Deployment(store="sqlite", data_dir=data_dir / "sqlite")
+    adapter = ChannelAdapter()
+    ledger = SqliteLedgerReader(deployment.settings)
+    ctx = Context(deployment, adapter, ledger, [])  # type: ignore[arg-type]
+    found: dict[str, Any] = {"levels": [], "failures": ctx.failures}
+    opened = contextlib.AsyncExitStack()
+    try:
+        sys.stderr.write(f"[bench] the embedded default: SQLite ledger (namespace {deployment.namespace})\n")
+        await asyncio.to_thread(deployment.start)
+        await adapter.open(await opened.enter_async_context(deployment.console()))
+        await ledger.open()
+        opened.push_async_callback(ledger.close)
+        await run_level(ctx, min(4, max(args.sqlite_levels)), args.warmup_seconds, "sqlite warm-up")
+        for concurrency in args.sqlite_levels:
+            found["levels"].append(await run_level(ctx, concurrency, args.seconds, f"sqlite level {concurrency}"))
+        found["checks"] = await check_exactly_once(ctx)
+    finally:
+        try:
+            await opened.aclose()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        await deployment.cleanup()
+    return found
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     require_services(postgres=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     data_dir = PROJECT_ROOT / "data" / "bench" / f"run-{stamp}"
-    deployment = Deployment(store="postgres", data_dir=data_dir)
+    deployment = Deployment(store="postgres", data_dir=data_dir,
+                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type})
     data_dir.mkdir(parents=True, exist_ok=True)
     # The fixtures' script with the long session's (`long-*`); the round trips' `bench-*` unchanged.
     deployment.script_file = long_script(data_dir / "script.yaml", turns=args.long_session_turns,
@@ -83,6 +113,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     "load_average_at_start": os.getloadavg()},
         "settings": {"seconds": args.seconds, "levels": args.levels, "recovery_tries": args.recovery_tries,
                      "recovery_sessions": args.recovery_sessions, "floor_seconds": args.floor_seconds,
+                     "queue_type": args.queue_type,
                      "namespace": deployment.namespace},
         "levels": [],
         "failures": [],
@@ -104,7 +135,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
         result["floor"] = {
             "postgres": await postgres_floor(deployment.schema, args.floor_seconds),
-            "rabbitmq": await rabbitmq_floor(deployment.namespace, args.floor_seconds),
+            "rabbitmq": await rabbitmq_floor(deployment.namespace, args.floor_seconds, queue_type=args.queue_type),
         }
         # Warm every process's pools, caches and imports before measuring.
         await run_level(ctx, min(4, max(args.levels)), args.warmup_seconds, "warm-up")
@@ -126,6 +157,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         result["checks"] = await check_exactly_once(ctx)
         if args.long_session_turns:
             result["long_session"] = await long_session(ctx, args.long_session_turns)
+        if args.sqlite_levels:
+            result["sqlite"] = await embedded_levels(args, data_dir)
     except asyncio.CancelledError:
         result["failures"].append("interrupted")
         sys.stderr.write(f"\n[bench] interrupted; cleaning up namespace and schema {deployment.namespace}\n")
@@ -142,6 +175,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - best effort
             pass
         await deployment.cleanup()
+    sqlite = result.get("sqlite")
+    if sqlite is not None:
+        result["failures"].extend(f"sqlite: {f}" for f in sqlite["failures"])
+        if not sqlite.get("checks", {}).get("passed"):
+            result["failures"].append("sqlite: the exactly-once check failed: "
+                                      f"{sqlite.get('checks', {}).get('violations', 'not run')}")
     result["passed"] = not result["failures"] and bool(result.get("checks", {}).get("passed"))
     if result["passed"] and not args.keep_logs:
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -167,14 +206,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-session-turns", type=int, default=None,
                         help="turns of 50 model steps in the long session that measures ledger bytes per step "
                              "(default 10: 500 steps, with --quick 2; 0: none)")
+    parser.add_argument("--sqlite-levels", default="16",
+                        help="levels on the embedded default, SQLite (default 16; 0 or empty: none)")
+    parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum",
+                        help="the inbound queues' type (SIGNOFF_QUEUE_TYPE; default quorum)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.levels, args.seconds, args.recovery_tries = "1,4", 3.0, 1
+        args.levels, args.seconds, args.recovery_tries, args.sqlite_levels = "1,4", 3.0, 1, "4"
         args.floor_seconds, args.warmup_seconds = 1.5, 1.0
     if args.long_session_turns is None:
         args.long_session_turns = 2 if args.quick else 10
     args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
+    args.sqlite_levels = [int(x) for x in str(args.sqlite_levels).split(",") if x.strip() and int(x) > 0]
     if not args.levels or min(args.levels) < 1:
         parser.error("--levels needs positive integers, e.g. 1,16,64")
     if args.output is None:

@@ -44,7 +44,8 @@ async def postgres_floor(schema: str, seconds: float, connections: int = 16) -> 
     return {"connections": connections, "commits": done, "seconds": elapsed, "commits_per_second": done / elapsed}
 
 
-async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, size: int = 1024) -> dict[str, Any]:
+async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, size: int = 1024,
+                         queue_type: str = "quorum") -> dict[str, Any]:
     name = f"{namespace}.bench-floor"
     publishing = await aio_pika.connect(RABBITMQ_URL)
     consuming = await aio_pika.connect(RABBITMQ_URL)
@@ -54,7 +55,7 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
         channel = await publishing.channel(publisher_confirms=True)
         consumer_channel = await consuming.channel()
         await consumer_channel.set_qos(prefetch_count=64)
-        queue = await consumer_channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+        queue = await consumer_channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
         all_consumed = asyncio.Event()
         stop_publishing = False
 
@@ -65,7 +66,7 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
             if stop_publishing and consumed >= published:
                 all_consumed.set()
 
-        await queue.consume(on_message)
+        consumer_tag = await queue.consume(on_message)
         deadline = time.time() + seconds
 
         async def publisher() -> None:
@@ -83,6 +84,9 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
             if consumed < published:
                 await asyncio.wait_for(all_consumed.wait(), 30)
         elapsed = time.time() - started
+        # Cancelled before the queue goes: deleting a queue under its consumer makes the
+        # broker cancel it, which aiormq reports as a warning on stderr.
+        await queue.cancel(consumer_tag)
     finally:
         try:
             cleanup = await consuming.channel()
@@ -91,5 +95,5 @@ async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, s
             pass
         await publishing.close()
         await consuming.close()
-    return {"publishers": publishers, "message_bytes": size, "queue_type": "quorum", "published": published,
+    return {"publishers": publishers, "message_bytes": size, "queue_type": queue_type, "published": published,
             "consumed": consumed, "seconds": elapsed, "messages_per_second": consumed / elapsed}

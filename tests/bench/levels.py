@@ -17,7 +17,14 @@ from typing import Any
 import asyncpg
 
 from tests.bench.adapter import BenchFailure, ChannelAdapter, RoundTrip
-from tests.bench.cpu import SHORT, dependency_cpu, dependency_cpu_delta, service_cpu, start_profilers
+from tests.bench.cpu import (
+    SHORT,
+    dependency_cpu,
+    dependency_cpu_delta,
+    service_cpu,
+    start_profilers,
+    statement_counts,
+)
 from tests.bench.report import Progress, summary_ms
 from tests.harness import POSTGRES_URL, Deployment
 from tests.long_session import TABLE_BYTES
@@ -117,6 +124,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     adapter, ledger = ctx.adapter, ctx.ledger
     await ledger.quiescent()
     counts_before = await ledger.counts()
+    sql_before = await statement_counts(ctx.deployment)
     cpu_before, deps_before, own_before = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
     load_before = os.getloadavg()[0]
     profilers = start_profilers(ctx.deployment, profile_dir, seconds) if profile_dir else []
@@ -143,6 +151,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     await ledger.quiescent()
     cpu_after, deps_after, own_after = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
     counts_after = await ledger.counts()
+    sql_after = await statement_counts(ctx.deployment)
     for profiler in profilers:
         try:
             profiler.wait(30)
@@ -218,6 +227,12 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
         "cpu_ms_per_rt": {**{SHORT[k]: v / per_rt * 1000 for k, v in cpu.items()},
                           "signoff_total": sum(cpu.values()) / per_rt * 1000},
         "driver_cpu_ms_per_rt": (own_after - own_before) / per_rt * 1000,
+        # SQL statements (an executemany counts once) and transactions ended, per round trip, by service.
+        "sql_per_rt": {
+            service: {k: (sql_after[service].get(k, 0) - v) / per_rt for k, v in before.items()}
+            for service, before in sql_before.items()
+            if service in sql_after
+        },
         "dependency_cpu_ms_per_rt": {k: v / per_rt * 1000 for k, v in deps.items()},
         # Round trips/s if every CPU of the machine did nothing else (Signoff + driver + dependencies).
         "cpu_bound_round_trips_per_second": (os.cpu_count() or 1) * per_rt
@@ -229,3 +244,72 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
         },
         **cost_delta(counts_before, counts_after, n),
     }
+
+
+class SqliteLedgerReader:
+    """`LedgerReader` for the embedded default: the same figures from the SQLite file,
+    through SQLAlchemy Core (times come back aware, as the ledger stores them)."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+
+    async def open(self) -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        self.engine = create_async_engine(self.settings.ledger_url, connect_args={"timeout": 30})
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def _rows(self, statement) -> list:
+        async with self.engine.connect() as db:
+            return list((await db.execute(statement)).all())
+
+    async def counts(self) -> dict[str, Any]:
+        from sqlalchemy import distinct, func, select
+
+        from shared.ledger.tables import TABLES
+
+        inbox, outbox, claims = TABLES["inbox"], TABLES["outbox"], TABLES["execution_claims"]
+        return {
+            "inbox": dict(await self._rows(select(inbox.c.message_type, func.count()).group_by(inbox.c.message_type))),
+            "outbox": dict(await self._rows(
+                select(outbox.c.message_type, func.count()).group_by(outbox.c.message_type))),
+            "relay_batches": (await self._rows(select(func.count(distinct(outbox.c.sent_at)))))[0][0],
+            "claims": (await self._rows(select(func.count()).select_from(claims)))[0][0],
+        }
+
+    async def quiescent(self, timeout: float = 15.0) -> None:
+        from sqlalchemy import func, select
+
+        from shared.ledger.tables import TABLES
+
+        outbox = TABLES["outbox"]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            unsent = await self._rows(select(func.count()).select_from(outbox).where(outbox.c.sent_at.is_(None)))
+            if unsent[0][0] == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise BenchFailure(f"outbox rows still unsent after {timeout:.0f}s")
+
+    async def call_times(self, call_ids: list[str]) -> dict[str, dict[str, float | None]]:
+        from sqlalchemy import select
+
+        from shared.ledger.tables import TABLES
+
+        calls, requests, decisions = TABLES["tool_calls"], TABLES["approval_requests"], TABLES["decisions"]
+        claims, closures = TABLES["execution_claims"], TABLES["closures"]
+        found: dict[str, dict[str, float | None]] = {}
+        for start in range(0, len(call_ids), 500):
+            rows = await self._rows(
+                select(calls.c.id, decisions.c.decided_at, claims.c.claimed_at, claims.c.finished_at,
+                       closures.c.created_at.label("closed_at"))
+                .select_from(calls.outerjoin(requests, requests.c.call_id == calls.c.id)
+                             .outerjoin(decisions, decisions.c.request_id == requests.c.id)
+                             .outerjoin(claims, claims.c.call_id == calls.c.id)
+                             .outerjoin(closures, closures.c.call_id == calls.c.id))
+                .where(calls.c.id.in_(call_ids[start:start + 500])))
+            for r in rows:
+                found[r.id] = {k: ts(getattr(r, k)) for k in ("decided_at", "claimed_at", "finished_at", "closed_at")}
+        return found

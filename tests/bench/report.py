@@ -26,26 +26,35 @@ def summary_ms(values: list[float]) -> dict[str, float | None]:
 
 
 class Progress:
-    """One updating line on stderr per phase."""
+    """One updating line on stderr per phase; where stderr is not a terminal (a log
+    file, CI), a plain line every `PERIOD` seconds and one at the end instead."""
+
+    # Seconds between progress lines when stderr is not a terminal.
+    PERIOD = 5.0
 
     def __init__(self, label: str, render) -> None:
         self.label = label
         self.render = render
         self.started = time.time()
         self.task: asyncio.Task | None = None
+        self.live = sys.stderr.isatty()
 
     async def __aenter__(self) -> Progress:
         self.task = asyncio.create_task(self._loop())
         return self
 
     async def _loop(self) -> None:
+        if not self.live:
+            while True:
+                await asyncio.sleep(self.PERIOD)
+                self._write("\n")
         while True:
             self._write()
             await asyncio.sleep(0.25)
 
     def _write(self, end: str = "") -> None:
-        line = f"\r[{self.label}] {self.render(time.time() - self.started)}"
-        sys.stderr.write(line.ljust(100) + end)
+        text = f"[{self.label}] {self.render(time.time() - self.started)}"
+        sys.stderr.write(f"\r{text.ljust(100)}{end}" if self.live else f"{text.rstrip()}{end}")
         sys.stderr.flush()
 
     async def __aexit__(self, *exc) -> None:
@@ -71,7 +80,8 @@ def render_table(result: dict[str, Any]) -> str:
                  f"PostgreSQL ledger, {result['settings']['seconds']:.0f} s per level, load average at start "
                  f"{result['machine']['load_average_at_start'][0]:.1f}")
     lines.append(f"floor: PostgreSQL {_f(pg, 0)} one-row commits/s (16 connections); "
-                 f"RabbitMQ {_f(mq, 0)} confirmed persistent 1 KB msgs/s published+consumed (quorum queue)")
+                 f"RabbitMQ {_f(mq, 0)} confirmed persistent 1 KB msgs/s published+consumed "
+                 f"({result['settings'].get('queue_type', 'quorum')} queue)")
     lines.append("")
     head = (f"{'sessions':>8} {'rt/s':>7} │ {'resp→executed ms':^20} │ {'start→approval ms':^20} │ "
             f"{'txn/rt':>6} {'wtx/rt':>6} {'msg/rt':>6} │ {'pg limit':>8} {'mq limit':>8}")
@@ -112,12 +122,39 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append(f"ledger bytes per model step across a {long['steps']}-step session, by turn of "
                      f"{long['steps_per_turn']}: {', '.join(f'{b:,}' for b in by_turn)} (outbox: "
                      f"{', '.join(f'{b:,}' for b in long['outbox_bytes_per_step_by_turn'])})")
+    head = f"{'sessions':>8} │ {'SQL statements per round trip (+ commits)':^58} │ {'total':>12}"
+    lines.append(head)
+    lines.append("─" * len(head))
+    for level in result["levels"]:
+        sql = level.get("sql_per_rt") or {}
+        parts = [f"{name} {v['statements']:.1f} + {v['commits']:.1f}" for name, v in sorted(sql.items())
+                 if v.get("statements") or v.get("commits")]
+        statements = sum(v.get("statements", 0) for v in sql.values())
+        commits = sum(v.get("commits", 0) for v in sql.values())
+        lines.append(f"{level['concurrency']:>8} │ {' · '.join(parts):<58} │ {statements:>5.1f} + {commits:>4.1f}")
+    lines.append("")
     lines.append("txn/rt: ledger transitions (inbox rows); wtx/rt: all write transactions (ledger + executor claims + "
                  "publisher mark-sent);")
     if not all(level["steady_state"] for level in result["levels"]):
         lines.append("* the level was too short to reach steady state at this concurrency: rate over the whole level.")
     lines.append("pg limit = PostgreSQL floor ÷ txn/rt; mq limit = RabbitMQ floor ÷ msg/rt; cpu limit = CPUs ÷ "
                  "(Signoff + driver + deps CPU per rt).")
+    sqlite = result.get("sqlite")
+    if sqlite and sqlite.get("levels"):
+        lines.append("")
+        lines.append("the embedded default (SQLite ledger, one writer, the publisher polling):")
+        lines.append(f"{'sessions':>8} {'rt/s':>7} │ {'resp→executed ms':^20} │ {'CPU ms per round trip':^47} │ "
+                     f"{'SQL/rt':>7}")
+        lines.append(f"{'':>8} {'':>7} │ {'p50':>6} {'p90':>6} {'p99':>6} │ {'ledger':>8} {'publisher':>9} {'model':>8}"
+                     f" {'executor':>8} {'total':>8} │ {'':>7}")
+        for level in sqlite["levels"]:
+            ex, cpu = level["latency_ms"]["response_to_tool_executed"], level["cpu_ms_per_rt"]
+            statements = sum(v.get("statements", 0) for v in (level.get("sql_per_rt") or {}).values())
+            lines.append(
+                f"{level['concurrency']:>8} {level['round_trips_per_second']:>6.1f}"
+                f"{' ' if level['steady_state'] else '*'} │ {_f(ex['p50']):>6} {_f(ex['p90']):>6} {_f(ex['p99']):>6} │"
+                f" {cpu.get('ledger', 0):>8.2f} {cpu.get('publisher', 0):>9.2f} {cpu.get('model', 0):>8.2f}"
+                f" {cpu.get('executor', 0):>8.2f} {cpu['signoff_total']:>8.2f} │ {statements:>7.1f}")
     recovery = result.get("recovery")
     if recovery and recovery.get("tries"):
         lines.append("")

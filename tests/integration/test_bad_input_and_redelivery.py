@@ -12,6 +12,7 @@ from shared.ledger.tables import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.consuming import NO_MESSAGE_ID
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
+from shared.provisioning import _admin
 from shared.settings import Settings
 from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
 
@@ -134,8 +135,9 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
 
 async def test_two_first_turns_of_one_new_session_get_one_turn_and_one_session_busy_refusal_at_once(pg_deployment):
     """The first turn holds its transaction open (session row inserted, not committed)
-    while the second arrives: the second waits at the session row and is refused as
-    busy on its first delivery, with no duplicate-key error and no redelivery."""
+    while the second arrives: the second waits (behind the first in its session's
+    group-commit lane, or, from another lane or replica, at the session row) and is
+    refused as busy on its first delivery, with no duplicate-key error and no redelivery."""
     deployment = pg_deployment
     deployment.start(*(s for s in SERVICES if s != "approval-ledger"))
     deployment.start("approval-ledger", faults="ledger.before_commit@turn.start:hold")
@@ -151,9 +153,12 @@ async def test_two_first_turns_of_one_new_session_get_one_turn_and_one_session_b
 
         async def second_waits_on_the_first():
             async with monitor.connect() as db:
-                return await db.scalar(text(
+                at_the_row = await db.scalar(text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE 'INSERT INTO sessions%'"))
+            async with _admin(deployment.settings) as api:
+                queue = (await api.get(f"/queues/%2F/{deployment.namespace}.ledger.turns")).json()
+            return at_the_row or queue.get("messages_unacknowledged") == 2
 
         await eventually(second_waits_on_the_first)
         await monitor.dispose()

@@ -50,6 +50,14 @@ def test_every_queue_is_a_quorum_queue_with_a_delivery_limit_and_a_dead_letter_e
     assert queue.arguments["x-queue-type"] == "quorum"
 
 
+def test_a_classic_queue_is_version_2_with_a_dead_letter_exchange_and_no_broker_delivery_limit():
+    queue = Topology("ns", delivery_limit=7, queue_type="classic").inbound_queue("approval.respond")
+    assert queue.arguments["x-queue-type"] == "classic"
+    assert queue.arguments["x-queue-version"] == 2
+    assert queue.arguments["x-dead-letter-exchange"] == "ns.dead"
+    assert "x-delivery-limit" not in queue.arguments  # the consumer counts (shared/consuming.py)
+
+
 def test_the_migration_head_read_from_file_names_is_alembics_head():
     from alembic.config import Config
     from alembic.script import ScriptDirectory
