@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from shared import logs
 from shared.consuming import sender
 from shared.messages import Envelope
 from shared.observability import LEDGER_TRANSACTION, counting_on_commit
@@ -92,6 +93,7 @@ class GroupCommit:
                 async with self._ledger.unit_of_work() as uow:
                     for waiting in ordered:
                         sender.set(waiting.sent_by)
+                        logs.concerning(waiting.message)
                         try:
                             await waiting.transition.within(self._ledger, uow, waiting.message)  # type: ignore[attr-defined]
                         except Duplicate:
@@ -115,6 +117,8 @@ class GroupCommit:
 
     async def _apply_alone(self, waiting: _Waiting) -> None:
         sender.set(waiting.sent_by)
+        # A lane is a task of its own: its log lines name the message it applies now.
+        logs.concerning(waiting.message)
         try:
             await waiting.transition(self._ledger, waiting.message)
         except asyncio.CancelledError:

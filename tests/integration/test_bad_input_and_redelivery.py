@@ -12,7 +12,7 @@ from shared.ledger.tables import Decision, InboxRow, OutboxRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.consuming import NO_MESSAGE_ID
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
-from shared.provisioning import _admin
+from shared.provisioning import management_api
 from shared.settings import Settings
 from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
 
@@ -156,7 +156,7 @@ async def test_two_first_turns_of_one_new_session_get_one_turn_and_one_session_b
                 at_the_row = await db.scalar(text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE 'INSERT INTO sessions%'"))
-            async with _admin(deployment.settings) as api:
+            async with management_api(deployment.settings) as api:
                 queue = (await api.get(f"/queues/%2F/{deployment.namespace}.ledger.turns")).json()
             return at_the_row or queue.get("messages_unacknowledged") == 2
 

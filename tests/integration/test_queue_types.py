@@ -3,7 +3,7 @@ the broker counts no deliveries there, so the consumer counts a message's failed
 deliveries itself and parks it at the delivery limit, as a quorum queue would."""
 
 from shared.messages import StartTurn, mint
-from shared.provisioning import _admin
+from shared.provisioning import management_api
 from tests.harness import SERVICES, next_event, start_and_wait_for_approval
 
 
@@ -15,7 +15,7 @@ async def test_on_classic_queues_a_round_trip_completes(pg_deployment):
         events, requested = await start_and_wait_for_approval(console, session_id)
         await console.respond(requested.request_id, "approve", "", "", "tester")
         await next_event(events, "turn.completed", timeout=30)
-    async with _admin(pg_deployment.settings) as api:
+    async with management_api(pg_deployment.settings) as api:
         queue = (await api.get(f"/queues/%2F/{pg_deployment.namespace}.ledger.steps")).raise_for_status().json()
     assert queue["type"] == "classic"
 
