@@ -107,11 +107,22 @@ def test_credential_shapes_are_hidden_inside_longer_texts():
     assert shown.startswith("HTTP 401: Authorization: Bearer ***redacted*** rejected") and shown.endswith(" end")
 
 
+SHAPES_ALONE = [JWT, PEM, "Bearer abc.def-123", "basic dXNlcjpwYXNzMQ==", "sk-live_0123456789ab", "rk_test_0123456789",
+                "ghp_" + "a" * 24, "github_pat_" + "b" * 24, "xoxb-0123456789ab", "AKIAABCDEFGHIJKLMNOP"]
+
+
+@pytest.mark.parametrize("shape", SHAPES_ALONE)
+def test_each_credential_shape_alone_in_an_ordinary_line_is_hidden(shape):
+    shown = redact_text(f"call call_1: post_to_sink failed: {shape} (attempt 2)")
+    assert REDACTED in shown and shape not in shown
+    assert shown.startswith("call call_1: post_to_sink failed: ") and shown.endswith(" (attempt 2)")
+
+
 # Texts made of the shapes' own pieces, so that hypothesis reaches near-misses of each.
 _PIECES = st.sampled_from(
     ["-----BEGIN ", "RSA KEY", "-----", "-----END ", "://", "https", "Bearer", "BASIC", "baſic", "bEaReR", " ", "\t",
      "sk", "rk", "pk", "-", "_", "live", "gh", "p", "github_pat", "xox", "b", "AKIA", "ASIA", "AIDA", "AROA", "eyJ",
-     ".", "=", "@", "?", "&", "abcdefgh", "0123456789ABCDEF", "ZZZZ", "é", "ß", "K"]
+     ".", "=", "@", "?", "&", "abcdefgh", "0123456789ABCDEF", "ZZZZ", "é", "ß", "K", *SHAPES_ALONE]
 )
 
 
