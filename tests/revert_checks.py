@@ -328,6 +328,15 @@ MUTATIONS = [
    '        " ON CONFLICT (id) DO NOTHING)"',
    "tests/integration/test_group_commit.py::"
    "test_a_duplicate_in_a_group_leaves_nothing_behind_not_even_the_session_its_turn_would_open"),
+  ("redaction's fast path skips a credential shape (a JWT alone in a line is logged)", "shared/redaction.py",
+   'xox[abposr]-|A(?:KIA|SIA|IDA|ROA)|eyJ"',
+   'xox[abposr]-|A(?:KIA|SIA|IDA|ROA)"',
+   "tests/unit/test_redaction.py::test_a_text_without_a_credential_shapes_clue_holds_no_credential_shape "
+   "tests/unit/test_redaction.py::test_each_credential_shape_alone_in_an_ordinary_line_is_hidden"),
+  ("executor's refusal commits the claim it took with the record (PostgreSQL), blocking the approved run", "services/tool_executor/claims.py",
+   "            raise _Refused(refusal)\n",
+   "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
+   "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
 ]
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import bindparam, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import bindparam, exists, literal, select, update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.authorization import Authorization
 from shared.ledger.database import insert_unless_present
@@ -82,6 +83,10 @@ def lost_call(at: datetime) -> dict[str, Any]:
     return {"status": "finished", "outcome": "outcome_unknown", "finished_at": at, "result": {"error": LOST}}
 
 
+class _Refused(Exception):
+    """The ledger's record does not allow the call (the text says why)."""
+
+
 @dataclass(frozen=True)
 class CallOnRecord:
     """A call as the ledger recorded it, with its request and decision if it needed one."""
@@ -121,6 +126,27 @@ _CALL_ON_RECORD = (
 CLAIMS = TABLES["execution_claims"]
 # Built once: the hot path runs them for every call, and building costs more than executing a cached one.
 _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}
+# PostgreSQL: the record read and the fresh claim in one statement (a data-modifying CTE).
+# The claim is inserted only when the ledger has the call; whether the record allows what
+# the authorization says is still decided in Python (ledger_allows), and a refusal rolls
+# the claim back (Claims.take), so no rule is written twice.
+_FRESH_COLUMNS = ("call_id", "idempotency_key", "status", "holder", "lease_expires_at", "attempts", "claimed_at")
+_RECORD = _CALL_ON_RECORD.cte("record")
+_CLAIMED = (
+    postgresql.insert(CLAIMS)
+    .from_select(
+        list(_FRESH_COLUMNS),
+        select(*(bindparam(name, type_=CLAIMS.c[name].type) for name in _FRESH_COLUMNS)).where(
+            exists(select(literal(1)).select_from(_RECORD))
+        ),
+    )
+    .on_conflict_do_nothing(index_elements=[CLAIMS.c.call_id])
+    .returning(CLAIMS.c.call_id)
+    .cte("claimed")
+)
+_RECORD_AND_FRESH_CLAIM = select(
+    *_RECORD.c, exists(select(literal(1)).select_from(_CLAIMED)).label("fresh")
+).select_from(_RECORD)
 # The SET clause is the parameters' column names.
 _UPDATE_OWN = update(CLAIMS).where(
     CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"), CLAIMS.c.status == "claimed"
@@ -138,28 +164,50 @@ class Claims:
     async def take(
         self, call_id: str, idempotency_key: str, effect: str, granted: Authorization, tool: str, fingerprint: str
     ) -> ClaimOutcome:
-        async with self.engine.begin() as conn:
-            at = now()
-            row = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
-            refusal = ledger_allows(row and CallOnRecord(*row), granted, tool, fingerprint)
-            if refusal is not None:
-                return ClaimOutcome("refused", refusal=refusal)
-            fresh = await conn.execute(
-                _FRESH[conn.dialect.name], fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease)
+        try:
+            async with self.engine.begin() as conn:
+                return await self._take(conn, call_id, idempotency_key, effect, granted, tool, fingerprint)
+        except _Refused as refused:
+            # Raised inside the transaction so that a claim inserted with the record is rolled back.
+            return ClaimOutcome("refused", refusal=str(refused))
+
+    async def _take(
+        self,
+        conn: AsyncConnection,
+        call_id: str,
+        idempotency_key: str,
+        effect: str,
+        granted: Authorization,
+        tool: str,
+        fingerprint: str,
+    ) -> ClaimOutcome:
+        at = now()
+        fresh_values = fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease)
+        record: Any
+        if conn.dialect.name == "postgresql":
+            record = (await conn.execute(_RECORD_AND_FRESH_CLAIM, fresh_values)).first()
+            fresh = record is not None and record.fresh
+        else:
+            record = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
+            fresh = None
+        refusal = ledger_allows(record and CallOnRecord(*record[:4]), granted, tool, fingerprint)
+        if refusal is not None:
+            raise _Refused(refusal)
+        if fresh is None:
+            fresh = (await conn.execute(_FRESH[conn.dialect.name], fresh_values)).rowcount == 1
+        if fresh:
+            return ClaimOutcome("run", attempt=1)
+        row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
+        verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
+        if verdict.action == "run":
+            await conn.execute(
+                update(CLAIMS)
+                .where(CLAIMS.c.call_id == call_id)
+                .values(retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease))
             )
-            if fresh.rowcount == 1:
-                return ClaimOutcome("run", attempt=1)
-            row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
-            verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
-            if verdict.action == "run":
-                await conn.execute(
-                    update(CLAIMS)
-                    .where(CLAIMS.c.call_id == call_id)
-                    .values(retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease))
-                )
-            elif verdict.action == "lost":
-                await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
-            return verdict
+        elif verdict.action == "lost":
+            await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
+        return verdict
 
     async def _update_own(self, call_id: str, **values) -> bool:
         async with self.engine.begin() as conn:

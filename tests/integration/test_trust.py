@@ -13,8 +13,8 @@ from shared import keyring
 from shared.authorization import authorize
 from shared.messages import ExecuteTool, RespondToApproval, mint, now
 from shared.signatures import new_private_key, sign
-from shared.ledger.tables import Decision
-from tests.harness import RABBITMQ_URL, next_event, start_and_wait_for_approval
+from shared.ledger.tables import Decision, ExecutionClaim
+from tests.harness import RABBITMQ_URL, next_event, rows, start_and_wait_for_approval
 
 
 def signed(response: RespondToApproval, key, key_id: str) -> RespondToApproval:
@@ -111,6 +111,36 @@ async def test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_a
     assert set(told) == {(forged.call_id, code) for code, forged in forgeries.items()}
     assert sink.counts["/sink"] == 1, "no forged, altered or expired command ran"
 
+
+
+async def test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run(
+        deployment, sink):
+    """The executor checks the ledger's record in the statement that takes the claim
+    (services/tool_executor/claims.py): a refusal must roll that claim back, or the
+    approved command would find it held and close the call as outcome-unknown."""
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        alerts = await console.watch("*")
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        early = ExecuteTool(session_id=session_id, call_id=requested.call_id, tool=requested.card.tool,
+                            arguments=requested.card.arguments, idempotency_key=mint("idk"))
+        # Sealed with the ledger's own key (as a thief of it could), naming the real request before anyone decided.
+        early = early.model_copy(update={"authorization": authorize(
+            keyring.ledger_private_key(deployment.settings.keys_path), early, basis="approval",
+            request_id=requested.request_id, at=now(), ttl=timedelta(minutes=5))})
+        async with deployment.console(identity="publisher") as thief:
+            await thief.send(early)
+        alert = await next_event(alerts, "operator.alerted")
+        assert (alert.call_id, alert.reason_code) == (requested.call_id, "not_on_record")
+        assert await rows(deployment, ExecutionClaim, call_id=requested.call_id) == []
+        assert sink.counts["/sink"] == 0
+
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed", timeout=30)
+        [claim] = await rows(deployment, ExecutionClaim, call_id=requested.call_id)
+    assert (claim.outcome, claim.attempts, sink.counts["/sink"]) == ("output", 1, 1)
 
 async def test_the_model_step_or_a_tool_in_the_executor_cannot_put_an_approval_on_the_bus_nor_have_one_count(
     deployment, sink

@@ -7,6 +7,8 @@ import logging
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared import logs, redaction
 from shared.redaction import (
@@ -103,6 +105,32 @@ def test_credential_shapes_are_hidden_inside_longer_texts():
     for secret in ("abc.def-123", "sk-live_0123456789ab", JWT, "MIIEpAIBAAKCAQEA1c"):
         assert secret not in shown
     assert shown.startswith("HTTP 401: Authorization: Bearer ***redacted*** rejected") and shown.endswith(" end")
+
+
+SHAPES_ALONE = [JWT, PEM, "Bearer abc.def-123", "basic dXNlcjpwYXNzMQ==", "sk-live_0123456789ab", "rk_test_0123456789",
+                "ghp_" + "a" * 24, "github_pat_" + "b" * 24, "xoxb-0123456789ab", "AKIAABCDEFGHIJKLMNOP"]
+
+
+@pytest.mark.parametrize("shape", SHAPES_ALONE)
+def test_each_credential_shape_alone_in_an_ordinary_line_is_hidden(shape):
+    shown = redact_text(f"call call_1: post_to_sink failed: {shape} (attempt 2)")
+    assert REDACTED in shown and shape not in shown
+    assert shown.startswith("call call_1: post_to_sink failed: ") and shown.endswith(" (attempt 2)")
+
+
+# Texts made of the shapes' own pieces, so that hypothesis reaches near-misses of each.
+_PIECES = st.sampled_from(
+    ["-----BEGIN ", "RSA KEY", "-----", "-----END ", "://", "https", "Bearer", "BASIC", "baſic", "bEaReR", " ", "\t",
+     "sk", "rk", "pk", "-", "_", "live", "gh", "p", "github_pat", "xox", "b", "AKIA", "ASIA", "AIDA", "AROA", "eyJ",
+     ".", "=", "@", "?", "&", "abcdefgh", "0123456789ABCDEF", "ZZZZ", "é", "ß", "K", *SHAPES_ALONE]
+)
+
+
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=3)), max_size=25).map("".join))
+def test_a_text_without_a_credential_shapes_clue_holds_no_credential_shape(text):
+    """The fast path of redact_text (no clue: nothing to substitute) never skips a shape."""
+    if redaction._SHAPE_CLUES.search(text) is None:
+        assert not any(shape.search(text) for shape in redaction._SHAPES), text
 
 
 def test_a_known_secret_is_hidden_wherever_it_appears_in_a_text():
