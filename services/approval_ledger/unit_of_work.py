@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Connection, Table, bindparam, func, select, text
+from sqlalchemy import JSON, Connection, Table, bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import audit, faults
@@ -54,14 +54,8 @@ INSERT_ORDER: tuple[Table, ...] = tuple(
 _LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
 _INSERT_SESSION = {dialect: insert_unless_present(SESSIONS, "id", dialect) for dialect in ("postgresql", "sqlite")}
 # A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
-# On PostgreSQL the same statement queues the publisher's NOTIFY, delivered on commit only.
-_INBOX_INSERT = {
-    ("postgresql", False): insert_unless_present(INBOX, "message_id", "postgresql"),
-    ("postgresql", True): insert_unless_present(INBOX, "message_id", "postgresql").returning(
-        func.pg_notify(bindparam("channel"), "")
-    ),
-    ("sqlite", False): insert_unless_present(INBOX, "message_id", "sqlite"),
-}
+# SQLite's; PostgreSQL's inbox row is part of `_RECEIVE_AND_LOCK` / `_RECEIVE_AND_CREATE`.
+_INBOX_INSERT = insert_unless_present(INBOX, "message_id", "sqlite")
 _INSERT = {table: table.insert() for table in (OUTBOX, AUDIT, *INSERT_ORDER)}
 # The SET clause is the parameters' column names; every updated table has an `id` key.
 _UPDATE_BY_ID = {
@@ -297,12 +291,7 @@ class UnitOfWork:
             return await self.lock_session(message.session_id, create_with_provider=create_with_provider)
         self._tag = message.type
         notify = self._notify_channel is not None and not self._notified
-        parameters = {
-            "message_id": message.message_id,
-            "message_type": message.type,
-            "session_id": message.session_id,
-            "received_at": self.now,
-        }
+        parameters = self._inbox_row(message)
         if notify:
             parameters["channel"] = self._notify_channel
         if create_with_provider is not None:
@@ -355,22 +344,20 @@ class UnitOfWork:
         return self._session
 
     async def receive(self, message: Envelope) -> None:
-        """Record the message in the inbox, or raise Duplicate if it was applied before."""
+        """Record the message in the inbox, or raise Duplicate if it was applied before.
+        SQLite only: on PostgreSQL `receive_and_lock` writes the inbox row in its statement."""
         self._tag = message.type
-        dialect = self.db.dialect.name
-        notify = self._notify_channel is not None and dialect == "postgresql"
-        row = {
+        inserted = await self.db.execute(_INBOX_INSERT, self._inbox_row(message))
+        if inserted.rowcount == 0:
+            raise Duplicate(message.message_id)
+
+    def _inbox_row(self, message: Envelope) -> dict[str, Any]:
+        return {
             "message_id": message.message_id,
             "message_type": message.type,
             "session_id": message.session_id,
             "received_at": self.now,
         }
-        if notify:
-            row["channel"] = self._notify_channel
-        inserted = await self.db.execute(_INBOX_INSERT[dialect, notify], row)
-        if inserted.rowcount == 0:
-            raise Duplicate(message.message_id)
-        self._notified = notify
 
     async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
         """The rows of one of the handlers' reads (a Core SELECT built once, parameters
