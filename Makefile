@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation fuzz
+.PHONY: services run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-run: $(STAMP)
+# Start whichever local service is down (and RabbitMQ's management and Prometheus plugins).
+services:
+	@bash deploy/local/services_up.sh
+
+run: $(STAMP) services
 	$(BIN)/signoff setup
 	$(BIN)/signoff demo
 
@@ -33,7 +37,7 @@ contract: $(STAMP)
 	$(BIN)/python -m shared.contract > docs/asyncapi.yaml
 
 # The broker-restart and database-outage tests stop shared services, so they run alone, last.
-test: $(STAMP) lint
+test: $(STAMP) lint services
 	@bash tests/install_prometheus.sh
 	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart and not database_outage" tests
 	$(BIN)/python -m pytest -q -m "broker_restart or database_outage" tests

@@ -7,6 +7,7 @@ series, and every expression of the alert rules and the dashboard evaluates."""
 import asyncio
 import json
 import time
+from urllib.parse import quote
 
 import aio_pika
 import httpx
@@ -125,9 +126,10 @@ async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deploym
 
     # Hooks: the two turn.completed delivered to one, failing and waiting for the other.
     await until(
-        lambda: prometheus.by("sum by (hook) (signoff_hook_deliveries_total{outcome=\"delivered\"})", "hook")
-        == {"audit": 2}
-        and prometheus.value('max(signoff_hook_deliveries_undelivered{hook="broken"})') == 2,
+        lambda: (
+            prometheus.by('sum by (hook) (signoff_hook_deliveries_total{outcome="delivered"})', "hook") == {"audit": 2}
+            and prometheus.value('max(signoff_hook_deliveries_undelivered{hook="broken"})') == 2
+        ),
         "hook deliveries counted",
     )
     assert prometheus.value('sum(signoff_hook_deliveries_total{hook="broken",outcome="failed"})') >= 2
@@ -173,13 +175,17 @@ async def test_prometheus_sees_an_approval_a_denial_and_a_dead_letter(pg_deploym
 
 async def test_readyz_turns_unready_when_the_broker_connection_is_lost_and_ready_after(pg_deployment):
     """The service's own connections are closed through the management API (RabbitMQ
-    itself stays up for everyone else): /readyz says so, then the service reconnects."""
+    itself stays up for everyone else): /readyz says so, then the service reconnects.
+
+    Its vhost permissions are taken away first, so it cannot reconnect until they are
+    given back: how quickly a robust connection comes back cannot hide the 503."""
     deployment = pg_deployment
     deployment.metrics_ports = {"tool-executor": free_port()}
     deployment.start("tool-executor")
     url = f"http://127.0.0.1:{deployment.metrics_ports['tool-executor']}"
     user = f"{deployment.namespace}.tool-executor"
     admin = httpx.Client(base_url="http://127.0.0.1:15672/api", auth=("guest", "guest"), timeout=10)
+    permissions_path = f"/permissions/%2F/{quote(user, safe='')}"
 
     def readyz() -> int:
         try:
@@ -188,16 +194,24 @@ async def test_readyz_turns_unready_when_the_broker_connection_is_lost_and_ready
             return 0
 
     await until(lambda: readyz() == 200, "ready")
+    granted = admin.get(permissions_path)
+    granted.raise_for_status()
+    permissions = {key: granted.json()[key] for key in ("configure", "write", "read")}
 
     def close_its_connections() -> int:
         connections = [c["name"] for c in admin.get("/connections").json() if c.get("user") == user]
         for name in connections:
-            admin.delete(f"/connections/{name}", headers={"X-Reason": "test: connection lost"})
+            closed = admin.delete(f"/connections/{quote(name, safe='')}", headers={"X-Reason": "test: connection lost"})
+            assert closed.status_code in (204, 404), closed.text  # 404: it went away by itself meanwhile
         return len(connections)
 
-    assert await until(close_its_connections, "the executor's connection listed") >= 1
-    await until(lambda: readyz() == 503, "unready after its connection was closed", timeout=10)
-    assert httpx.get(f"{url}/healthz", timeout=3).status_code == 200  # alive all the while
+    assert admin.delete(permissions_path).status_code == 204
+    try:
+        assert await until(close_its_connections, "the executor's connection listed") >= 1
+        await until(lambda: readyz() == 503, "unready after its connection was closed")
+        assert httpx.get(f"{url}/healthz", timeout=3).status_code == 200  # alive all the while
+    finally:
+        admin.put(permissions_path, json=permissions).raise_for_status()
     await until(lambda: readyz() == 200, "ready again after reconnecting", timeout=60)
     admin.close()
 
@@ -214,7 +228,9 @@ async def test_a_standby_publisher_is_ready_and_says_it_does_not_lead_until_it_t
             text = httpx.get(f"{urls[name]}/metrics", timeout=3).text
         except httpx.HTTPError:
             return None
-        return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("signoff_publisher_leading "))
+        return next(
+            float(line.split()[1]) for line in text.splitlines() if line.startswith("signoff_publisher_leading ")
+        )
 
     for name in urls:
         assert httpx.get(f"{urls[name]}/readyz", timeout=3).status_code == 200, name
