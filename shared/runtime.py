@@ -87,6 +87,10 @@ class Runtime:
             # Ours, not FastStream's own (which prints plain text to stdout): its lines are JSON like the rest.
             logger=logging.getLogger("signoff.broker"),
             graceful_timeout=10,
+            # Handlers take the message itself (`_the_message_itself`), never injected
+            # arguments: without this, FastDepends resolved each call's signature per
+            # message (~7 % of the ledger's busy samples at 64 sessions, profiled).
+            apply_types=False,
         )
         self._redis: Redis | None = None
         # /metrics, /healthz, /readyz; each service adds what it needs beyond the broker.
