@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import aio_pika
 from sqlalchemy import bindparam, select, update
@@ -66,29 +65,16 @@ class OutboxRelay:
     # This publisher's term as the leader (PostgreSQL); None on SQLite, with its one publisher.
     leadership: Leadership | None = None
     exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict)
-    # Confirmed by RabbitMQ, marked sent in the next batch's transaction (`relay_once`).
-    _unmarked: list[Any] = field(default_factory=list)
 
     async def relay_once(self) -> int:
-        """Mark the last batch sent, read the oldest unsent rows and publish them; return
-        how many went out. The mark and the next read share one write transaction (one
-        per batch under load, not a read and a write): the rows RabbitMQ confirmed stay
-        unmarked until then, which changes nothing a crash can see (unmarked rows are
-        resent with the same ids, as before), and `relay_forever` runs that transaction
-        at once, before it waits, so a batch is never left unmarked while idle."""
+        """Publish the oldest unsent rows; return how many went out."""
         leadership = self.leadership
-        unmarked = self._unmarked
-        async with self.engine.begin() as conn:
-            if unmarked:
-                if leadership is not None:
-                    await leadership.fence(conn)
-                await conn.execute(_MARK_SENT, {"ids": [r.id for r in unmarked], "sent_at": now()})
-                await schedule(conn, self.hooks, unmarked)
+        async with self.engine.connect() as conn:
             rows = (await conn.execute(_UNSENT, {"batch_size": self.batch_size})).all()
-            if leadership is not None and not rows and not unmarked:
+            if leadership is not None and not rows:
                 # Idle: still the leader? (A leader whose lock connection died unnoticed learns it here.)
                 leadership.check((await conn.execute(EPOCH)).scalar())
-        self._unmarked = []
+            await conn.rollback()
         if not rows:
             return 0
         if leadership is not None:
@@ -117,7 +103,21 @@ class OutboxRelay:
         for row in rows:
             MESSAGES_PUBLISHED.labels(row.message_type).inc()
         await faults.reached("publisher.after_send")
-        self._unmarked = list(rows)
+        try:
+            async with self.engine.begin() as conn:
+                if leadership is not None:
+                    await leadership.fence(conn)
+                await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
+                await schedule(conn, self.hooks, rows)
+        except LeadershipLost:
+            log.warning(
+                "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "
+                "leader, which sends them again with the same message ids",
+                rows[0].id,
+                rows[-1].id,
+                len(rows),
+            )
+            raise
         return len(rows)
 
     async def relay_forever(
@@ -126,23 +126,6 @@ class OutboxRelay:
         """Relay batch after batch; when the outbox is drained, sleep until woken
         (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite).
         Raises LeadershipLost when this publisher no longer leads."""
-        try:
-            await self._relay_until_deposed(wake, idle_wait, hook_deliveries)
-        except LeadershipLost:
-            if self._unmarked:
-                log.warning(
-                    "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "
-                    "leader, which sends them again with the same message ids",
-                    self._unmarked[0].id,
-                    self._unmarked[-1].id,
-                    len(self._unmarked),
-                )
-                self._unmarked = []  # the next leader's to send; never marked by this term
-            raise
-
-    async def _relay_until_deposed(
-        self, wake: asyncio.Event, idle_wait: float, hook_deliveries: asyncio.Task | None
-    ) -> None:
         while True:
             wake.clear()
             if self.leadership is not None:
@@ -159,6 +142,6 @@ class OutboxRelay:
                 continue
             if hook_deliveries is not None and hook_deliveries.done():
                 hook_deliveries.result()  # a dead hook loop takes the publisher down, loudly
-            if sent < self.batch_size and not self._unmarked:
+            if sent < self.batch_size:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), idle_wait)
