@@ -17,16 +17,16 @@ global chain is linked after commit (`services/approval_ledger/audit.py`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Connection, Table, bindparam, select, text
+from sqlalchemy import Connection, Table, bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import audit, faults
 from shared.ledger.database import STATEMENT_COUNTS, insert_unless_present
+from shared.ledger.driver import bind_processor, driver_of, fetch
 from shared.ledger.tables import TABLES
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
@@ -105,7 +105,7 @@ class _Statement:
 
     def value(self, value: Any, column: Any = None) -> str:
         if column is not None:
-            process = _bind_processor(column, self.dialect)
+            process = bind_processor(column, self.dialect)
             if process is not None:
                 value = process(value)
         self.values.append(value)
@@ -124,62 +124,6 @@ class _Statement:
     def update(self, table: Table, key: Any, values: dict[str, Any]) -> str:
         assignments = ", ".join(f'"{name}" = {self.value(v, table.c[name])}' for name, v in values.items())
         return f"UPDATE {table.name} SET {assignments} WHERE id = {self.value(key, table.c.id)}"
-
-
-_BIND_PROCESSORS: dict[Any, Any] = {}
-
-
-class _Record:
-    """An asyncpg record read by attribute, as SQLAlchemy's rows are; JSON columns
-    decoded (SQLAlchemy's codec on the connection hands them over as text)."""
-
-    __slots__ = ("_json", "_record")
-
-    def __init__(self, record: Any, json_columns: frozenset[str]) -> None:
-        self._record = record
-        self._json = json_columns
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            value = self._record[name]
-        except KeyError:
-            raise AttributeError(name) from None
-        if name in self._json and isinstance(value, str):
-            return json.loads(value)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class _Compiled:
-    sql: str
-    # Parameter names in positional order, and the values of the query's own literals.
-    names: list[str]
-    literals: dict[str, Any]
-    json_columns: frozenset[str]
-
-
-_COMPILED: dict[Any, _Compiled] = {}
-
-
-def _compiled(query: Any, dialect: Any) -> _Compiled:
-    """A query's PostgreSQL text and what running it on asyncpg needs, compiled once."""
-    try:
-        return _COMPILED[query]
-    except KeyError:
-        compiled = query.compile(dialect=dialect)
-        json_columns = frozenset(c.key for c in query.selected_columns if isinstance(c.type, JSON))
-        found = _COMPILED[query] = _Compiled(
-            str(compiled), list(compiled.positiontup or ()), dict(compiled.params), json_columns
-        )
-        return found
-
-
-def _bind_processor(column: Any, dialect: Any) -> Any:
-    try:
-        return _BIND_PROCESSORS[column]
-    except KeyError:
-        process = _BIND_PROCESSORS[column] = column.type._cached_bind_processor(dialect)
-        return process
 
 
 def storable(value: Any) -> Any:
@@ -363,14 +307,8 @@ class UnitOfWork:
         """The rows of one of the handlers' reads (a Core SELECT built once, parameters
         plain strings and numbers). On PostgreSQL, once the transaction has begun, it
         goes straight to asyncpg: a read costs a fraction of SQLAlchemy's execution."""
-        if self.db.dialect.name == "postgresql":
-            driver = (await self.db.get_raw_connection()).driver_connection
-            if driver is not None and driver.is_in_transaction():
-                compiled = _compiled(query, self.db.dialect)
-                STATEMENT_COUNTS["statements"] += 1
-                values = (parameters.get(n, compiled.literals.get(n)) for n in compiled.names)
-                records = await driver.fetch(compiled.sql, *values)
-                return [_Record(record, compiled.json_columns) for record in records]
+        if self.db.dialect.name == "postgresql" and (await driver_of(self.db)).is_in_transaction():
+            return await fetch(self.db, query, parameters)
         return list((await self.db.execute(query, parameters)).all())
 
     def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:

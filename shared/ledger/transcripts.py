@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.ledger.database import STATEMENT_COUNTS
+from shared.ledger import driver
 from shared.ledger.tables import TABLES
 from shared.messages import TranscriptEntry
 
@@ -63,31 +63,19 @@ class LedgerTranscripts:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._compiled: str | None = None
 
     async def read(self, session_id: str, length: int, digest: str) -> list[TranscriptEntry]:
         async with self.engine.connect() as conn:
-            if self.engine.dialect.name == "postgresql":
-                # One SELECT straight on asyncpg, outside any transaction: SQLAlchemy's
-                # execution would add a BEGIN and a ROLLBACK around it and cost more CPU
-                # than the read (a third of the model-step's time per step, profiled).
-                # One statement sees one snapshot, and entries are append-only.
-                driver = (await conn.get_raw_connection()).driver_connection
-                assert driver is not None
-                STATEMENT_COUNTS["statements"] += 1  # the bench's count: SQLAlchemy's events do not see it
-                records = await driver.fetch(self._sql(), session_id, length)
-                rows = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in records]
+            if conn.dialect.name == "postgresql":
+                # Outside a transaction: SQLAlchemy's execution would add a BEGIN and a
+                # ROLLBACK around it and cost more CPU than the read (a third of the
+                # model-step's time per step, profiled). One statement sees one
+                # snapshot, and entries are append-only.
+                found = await driver.fetch(conn, _ENTRIES, {"session_id": session_id, "upto": length})
+                rows = [record.entry for record in found]
             else:
                 rows = list(await conn.scalars(_ENTRIES, {"session_id": session_id, "upto": length}))
         return checked(rows, length, digest)
-
-    def _sql(self) -> str:
-        if self._compiled is None:
-            compiled = _ENTRIES.compile(dialect=self.engine.dialect)
-            # Its parameters in the order asyncpg takes them ($1, $2).
-            assert list(compiled.positiontup or ()) == ["session_id", "upto"], compiled.positiontup
-            self._compiled = str(compiled)
-        return self._compiled
 
 
 def checked(rows: list[dict[str, Any]], length: int, digest: str) -> list[TranscriptEntry]:
