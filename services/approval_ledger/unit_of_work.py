@@ -240,11 +240,12 @@ class UnitOfWork:
             parameters["channel"] = self._notify_channel
         if create_with_provider is not None:
             parameters["provider"] = create_with_provider
-            if (await self.db.execute(_RECEIVE_AND_CREATE[notify], parameters)).scalar() == 0:
+            if (await self.read(_RECEIVE_AND_CREATE[notify], parameters))[0].fresh == 0:
                 raise Duplicate(message.message_id)
             self._notified = self._notified or notify
-            return self._locked((await self.db.execute(_LOCK_SESSION, {"session_id": message.session_id})).first())
-        row = (await self.db.execute(_RECEIVE_AND_LOCK[notify], parameters)).one()
+            locked = await self.read(_LOCK_SESSION, {"session_id": message.session_id})
+            return self._locked(locked[0] if locked else None)
+        row = (await self.read(_RECEIVE_AND_LOCK[notify], parameters))[0]
         if row.fresh == 0:
             raise Duplicate(message.message_id)
         self._notified = self._notified or notify
@@ -304,9 +305,10 @@ class UnitOfWork:
         }
 
     async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
-        """The rows of one of the handlers' reads (a Core SELECT built once, parameters
-        plain strings and numbers). On PostgreSQL, once the transaction has begun, it
-        goes straight to asyncpg: a read costs a fraction of SQLAlchemy's execution."""
+        """The rows of a statement built once (the handlers' reads; the inbox-and-lock
+        statements). On PostgreSQL, once the transaction has begun (a group commit's
+        transitions after its first), it goes straight to asyncpg: a fraction of
+        SQLAlchemy's execution, which the first runs to begin the transaction."""
         if self.db.dialect.name == "postgresql" and (await driver_of(self.db)).is_in_transaction():
             return await fetch(self.db, query, parameters)
         return list((await self.db.execute(query, parameters)).all())
