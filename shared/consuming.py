@@ -243,6 +243,8 @@ def is_outage(error: BaseException) -> bool:
             return True
         name = type(seen).__name__
         module = type(seen).__module__
+        if module.startswith("sqlalchemy") and name == "OperationalError" and _schema_mismatch(seen):
+            return False
         if module.startswith("sqlalchemy") and name in ("OperationalError", "InterfaceError", "TimeoutError"):
             return True
         if getattr(seen, "connection_invalidated", False):
@@ -262,6 +264,18 @@ def is_outage(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+# SQLite reports a schema that does not match the code (a missing table or column) as an
+# OperationalError, as it does a locked or unreachable file: that one fails the same way on
+# every delivery, so it is the message's failure (counted, then parked with the error) and
+# an operator sees it, instead of a consumer pausing forever as if the database were away.
+_SQLITE_SCHEMA_MISMATCH = ("no such table", "no such column", "has no column named")
+
+
+def _schema_mismatch(error: BaseException) -> bool:
+    text = str(getattr(error, "orig", "") or "")
+    return any(clue in text for clue in _SQLITE_SCHEMA_MISMATCH)
 
 
 def _cause(error: BaseException) -> str:
