@@ -185,6 +185,8 @@ class UnitOfWork:
         self._topology = topology
         self._notify_channel = notify_channel
         self.db: AsyncConnection
+        # PostgreSQL: its asyncpg connection (`_raw`), for the statements sent straight to it.
+        self._raw_connection: Any = None
         self._tag: str | None = None
         self.now: datetime
         self._session: SessionState | None = None
@@ -199,6 +201,7 @@ class UnitOfWork:
 
     async def __aenter__(self) -> UnitOfWork:
         self.db = await self._engine.connect()
+        self._raw_connection = None
         try:
             await self.db.begin()
         except BaseException:
@@ -304,13 +307,21 @@ class UnitOfWork:
             "received_at": self.now,
         }
 
+    async def _raw(self) -> Any:
+        """The asyncpg connection under this unit of work's, taken once (a greenlet hop each time)."""
+        if self._raw_connection is None:
+            self._raw_connection = await driver_of(self.db)
+        return self._raw_connection
+
     async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
         """The rows of a statement built once (the handlers' reads; the inbox-and-lock
         statements). On PostgreSQL, once the transaction has begun (a group commit's
         transitions after its first), it goes straight to asyncpg: a fraction of
         SQLAlchemy's execution, which the first runs to begin the transaction."""
-        if self.db.dialect.name == "postgresql" and (await driver_of(self.db)).is_in_transaction():
-            return await fetch(self.db, query, parameters)
+        if self.db.dialect.name == "postgresql":
+            raw = await self._raw()
+            if raw.is_in_transaction():
+                return await fetch(self.db, query, parameters, raw=raw)
         return list((await self.db.execute(query, parameters)).all())
 
     def add(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
@@ -454,8 +465,7 @@ class UnitOfWork:
         text_ = parts[-1]
         if len(parts) > 1:
             text_ = "WITH " + ", ".join(f"w{n} AS ({part})" for n, part in enumerate(parts[:-1])) + " " + text_
-        driver = (await self.db.get_raw_connection()).driver_connection
-        assert driver is not None
+        driver = await self._raw()
         if not driver.is_in_transaction():
             # SQLAlchemy begins the driver's transaction at its first statement: this
             # flush must not run before it, outside any transaction (autocommitted).

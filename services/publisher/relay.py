@@ -77,10 +77,11 @@ class OutboxRelay:
             if conn.dialect.name == "postgresql":
                 # Straight on asyncpg, outside a transaction: one round trip instead of
                 # SQLAlchemy's BEGIN, SELECT and ROLLBACK (one statement sees one snapshot).
-                rows = await driver.fetch(conn, _UNSENT, {"batch_size": self.batch_size})
+                raw = await driver.driver_of(conn)
+                rows = await driver.fetch(conn, _UNSENT, {"batch_size": self.batch_size}, raw=raw)
                 if leadership is not None and not rows:
                     # Idle: still the leader? (A leader whose lock connection died unnoticed learns it here.)
-                    epoch = await driver.fetch(conn, EPOCH, {})
+                    epoch = await driver.fetch(conn, EPOCH, {}, raw=raw)
                     leadership.check(epoch[0].epoch if epoch else None)
             else:
                 rows = (await conn.execute(_UNSENT, {"batch_size": self.batch_size})).all()

@@ -55,7 +55,7 @@ class Compiled:
         values = []
         for name, process in zip(self.names, self.processors, strict=True):
             value = parameters[name] if name in parameters else self.literals.get(name)
-            values.append(value if process is None or value is None else process(value))
+            values.append(value if process is None else process(value))
         return values
 
 
@@ -92,24 +92,27 @@ def bind_processor(column: Any, dialect: Any) -> Any:
 
 
 async def driver_of(conn: AsyncConnection) -> Any:
+    """The asyncpg connection under `conn` (a greenlet hop: a caller running several
+    statements on one checkout takes it once and passes it as `raw`)."""
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None
     return driver
 
 
-async def fetch(conn: AsyncConnection, query: Any, parameters: dict[str, Any]) -> list[Record]:
+async def fetch(conn: AsyncConnection, query: Any, parameters: dict[str, Any], *, raw: Any = None) -> list[Record]:
     """The rows of a SELECT (or a statement with RETURNING)."""
     done = compiled(query, conn.dialect)
+    driver = raw if raw is not None else await driver_of(conn)
     STATEMENT_COUNTS["statements"] += 1  # the bench's count: SQLAlchemy's events do not see it
-    records = await (await driver_of(conn)).fetch(done.sql, *done.arguments(parameters))
+    records = await driver.fetch(done.sql, *done.arguments(parameters))
     return [Record(record, done.json_columns) for record in records]
 
 
-async def execute(conn: AsyncConnection, query: Any, parameters: dict[str, Any]) -> int:
+async def execute(conn: AsyncConnection, query: Any, parameters: dict[str, Any], *, raw: Any = None) -> int:
     """Run an INSERT, UPDATE or DELETE; how many rows it touched. Outside a transaction
     SQLAlchemy began, asyncpg autocommits it: one statement, one round trip."""
     done = compiled(query, conn.dialect)
-    driver = await driver_of(conn)
+    driver = raw if raw is not None else await driver_of(conn)
     STATEMENT_COUNTS["statements"] += 1
     if not driver.is_in_transaction():
         STATEMENT_COUNTS["commits"] += 1
