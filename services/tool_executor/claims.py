@@ -149,7 +149,7 @@ _CLAIMED = (
 _RECORD_AND_FRESH_CLAIM = select(
     *_RECORD.c, exists(select(literal(1)).select_from(_CLAIMED)).label("fresh")
 ).select_from(_RECORD)
-# The SET clause is the parameters' column names.
+# An update of a claim this executor still holds; its SET clause: `_update_own_setting`.
 _UPDATE_OWN = update(CLAIMS).where(
     CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"), CLAIMS.c.status == "claimed"
 )
@@ -157,7 +157,7 @@ _UPDATE_OWN = update(CLAIMS).where(
 
 @functools.cache
 def _update_own_setting(columns: tuple[str, ...]) -> Any:
-    """`_UPDATE_OWN` with its SET clause spelled out, so that it compiles once for asyncpg."""
+    """`_UPDATE_OWN` setting `columns`, built once per set (both stores; asyncpg compiles it once)."""
     return _UPDATE_OWN.values({name: bindparam(name, type_=CLAIMS.c[name].type) for name in columns})
 
 
@@ -218,14 +218,15 @@ class Claims:
         return verdict
 
     async def _update_own(self, call_id: str, **values) -> bool:
+        statement = _update_own_setting(tuple(values))
         parameters = {"call_id_": call_id, "holder_": self.holder, **values}
         if self.engine.dialect.name == "postgresql":
             # One statement is atomic by itself: autocommitted straight on asyncpg, one
             # round trip instead of SQLAlchemy's BEGIN, UPDATE and COMMIT.
             async with self.engine.connect() as conn:
-                return await driver.execute(conn, _update_own_setting(tuple(values)), parameters) == 1
+                return await driver.execute(conn, statement, parameters) == 1
         async with self.engine.begin() as conn:
-            result = await conn.execute(_UPDATE_OWN, parameters)
+            result = await conn.execute(statement, parameters)
             return result.rowcount == 1
 
     async def renew(self, call_id: str) -> bool:
