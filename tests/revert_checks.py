@@ -337,6 +337,10 @@ MUTATIONS = [
    "            raise _Refused(refusal)\n",
    "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
+  ("a turn calls the provider forever: no bound on its model steps", "services/approval_ledger/handlers.py",
+   "        if reached is not None:\n            for entry in resumed.entries:",
+   "        if False:\n            for entry in resumed.entries:",
+   "tests/integration/test_turn_bounds.py"),
 ]
 
 
