@@ -341,6 +341,10 @@ MUTATIONS = [
    "        if reached is not None:\n            for entry in resumed.entries:",
    "        if False:\n            for entry in resumed.entries:",
    "tests/integration/test_turn_bounds.py"),
+  ("on SQLite a second publisher relays beside the first", "services/publisher/main.py",
+   "    relay_lock = None if settings.is_postgres else only_relay(settings)",
+   "    relay_lock = None",
+   "tests/integration/test_publisher.py::test_on_sqlite_a_second_publisher_refuses_to_start_naming_the_one_that_relays"),
 ]
 
 
