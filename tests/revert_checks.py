@@ -345,6 +345,10 @@ MUTATIONS = [
    "    relay_lock = None if settings.is_postgres else only_relay(settings)",
    "    relay_lock = None",
    "tests/integration/test_publisher.py::test_on_sqlite_a_second_publisher_refuses_to_start_naming_the_one_that_relays"),
+  ("the demo's scripted model says 'Done' after a person denied the call", "services/model_step/providers.py",
+   "        text = reply.said_after(transcript)",
+   "        text = reply.text",
+   "tests/unit/test_scripted_provider.py"),
 ]
 
 
