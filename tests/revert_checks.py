@@ -349,6 +349,11 @@ MUTATIONS = [
    "        text = reply.said_after(transcript)",
    "        text = reply.text",
    "tests/unit/test_scripted_provider.py"),
+  ("the ledger logs nothing per transition at INFO", "services/approval_ledger/handlers.py",
+   "            # One line per transition at INFO, once it is durable (a refusal logs its own).\n            when_committed(",
+   "            (lambda _: None)(",
+   "tests/integration/test_structured_logs.py::"
+   "test_following_one_session_by_its_id_at_info_shows_each_ledger_transition_and_each_model_step"),
 ]
 
 

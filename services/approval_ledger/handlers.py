@@ -102,6 +102,17 @@ def transition(handler):
             records.refusal(uow, session, message, refused)
         else:
             await handler(ledger, uow, session, message)
+            # One line per transition at INFO, once it is durable (a refusal logs its own).
+            when_committed(
+                functools.partial(
+                    log.info,
+                    "applied %s %s: session %s is %s",
+                    message.type,
+                    message.message_id,
+                    message.session_id,
+                    session.status if session is not None else "unknown",
+                )
+            )
 
     @functools.wraps(handler)
     async def apply(ledger: Ledger, message: Envelope) -> None:
