@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     # a marker saying so; the ledger keeps it whole (the call's closure).
     tool_output_model_chars: int = 16_000
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
-    # that keeps failing would loop forever without one.
+    # that keeps failing would loop forever without one. It counts redeliveries: a
+    # message is tried once, then at most this many times more, then parked.
     delivery_limit: int = 20
     # The inbound queues' type: "quorum" (replicated; RabbitMQ counts deliveries and
     # parks at the limit) or "classic" (version 2; less broker CPU per message, one
