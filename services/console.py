@@ -147,6 +147,15 @@ def card_lines(request_id: str, card: dict[str, Any], digest: str) -> list[str]:
     return lines
 
 
+def question(decision: str, request_id: str, responder: str, card: dict[str, Any]) -> str:
+    """What `signoff approve` asks: it names the tool and the target again, since a long
+    card may have scrolled them away, and the person answers about what runs."""
+    return (
+        f"{decision} {visible(request_id, FIELD_CHARS)} as {visible(responder, FIELD_CHARS)}: "
+        f"{shown_tool(card)} on {shown_target(card)}? [y/N] "
+    )
+
+
 def shown_tool(card: dict[str, Any]) -> str:
     return visible(card.get("tool", ""), FIELD_CHARS)
 
@@ -299,12 +308,7 @@ async def respond(
             return 1
         if confirm and request is not None:
             print_card(request.id, request.card, request.args_digest)
-            # The question names the tool and the target again: a long card may have scrolled them away.
-            question = (
-                f"{decision} {visible(request_id, FIELD_CHARS)} as {visible(responder, FIELD_CHARS)}: "
-                f"{shown_tool(request.card)} on {shown_target(request.card)}? [y/N] "
-            )
-            if not _confirmed(question):
+            if not _confirmed(question(decision, request.id, responder, request.card)):
                 print(f"signoff: not sent; nothing was decided for {request_id}", file=sys.stderr)
                 return 1
         message_id = await console.respond(request_id, decision, reason, message, responder)
