@@ -41,7 +41,7 @@ CASES = [
     ("cursor_up_and_rewrite", "target", f"POST {EVIL}\x1b[1A\x1b[2K{FAKE_TARGET}", [EVIL, "\\x1b[1A"]),
     ("cursor_position", "argument", f"{EVIL}\x1b[5;1H{FAKE_TARGET}", [EVIL, "\\x1b[5;1H"]),
     ("cursor_save_restore", "argument", f"\x1b7{EVIL}\x1b8{SAFE}", [f"\\x1b7{EVIL}\\x1b8"]),
-    ("osc_window_title", "target", f"POST {EVIL}\x1b]0;signoff: all safe\x07", [EVIL, "\\x1b]0;signoff: all safe\\x07"]),
+    ("osc_window_title", "target", f"POST {EVIL}\x1b]0;all safe\x07", [EVIL, "\\x1b]0;all safe\\x07"]),
     ("osc_hyperlink", "argument", f"\x1b]8;;{EVIL}\x1b\\{SAFE}\x1b]8;;\x1b\\", [f"\\x1b]8;;{EVIL}"]),
     ("sgr_conceal", "target", f"POST \x1b[8m{EVIL}\x1b[28m", [f"\\x1b[8m{EVIL}\\x1b[28m"]),
     ("sgr_reverse_and_colour", "argument", f"\x1b[7m\x1b[31m{EVIL}\x1b[0m", [f"\\x1b[7m\\x1b[31m{EVIL}"]),
