@@ -337,6 +337,10 @@ MUTATIONS = [
    "            raise _Refused(refusal)\n",
    "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
+  ("the card shows outside text raw (what a person sees made the identity)", "shared/on_screen.py",
+   '    """What is shown of the text, and how many of its characters are not."""\n',
+   '    """What is shown of the text, and how many of its characters are not."""\n    return text, 0\n',
+   "tests/unit/test_on_screen.py tests/integration/test_card_on_screen.py"),
 ]
 
 
