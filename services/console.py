@@ -416,7 +416,7 @@ async def audit_verify(settings: Settings) -> int:
     entries, chain, head = await read_audit(settings)
     verdict = audit.verify(entries, chain, head, by_txid=settings.is_postgres)
     if verdict.broken is not None:
-        print(f"signoff audit: BROKEN at {verdict.broken.line()}", file=sys.stderr)
+        print(f"signoff audit: BROKEN at {visible(verdict.broken.line())}", file=sys.stderr)
         return 1
     head_hash = head["hash"] if head else None
     print(
@@ -433,7 +433,7 @@ async def audit_show(settings: Settings, session_id: str) -> int:
         print(f"signoff: no audit entries for session {session_id}", file=sys.stderr)
         return 1
     broken = audit.first(audit.session_problems(entries))
-    state = "chain intact" if broken is None else f"chain BROKEN at {broken.line()}"
+    state = "chain intact" if broken is None else f"chain BROKEN at {visible(broken.line())}"
     print(f"session {session_id}: {len(entries)} audit entries, {state}")
     for entry in entries:
         seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
