@@ -31,6 +31,7 @@ from shared.ledger.tables import (
     Turn,
 )
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
+from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_inline, json_lines, visible
 from shared.provisioning import provision_broker, provision_database
 from shared.redaction import redact_text, redact_value
 from shared.runtime import Unreachable, address, check_reachable
@@ -115,14 +116,60 @@ class Console:
 
 
 def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
-    print(f"  ┌ approval needed: {card['label']}  ({card['tool']}, effect: {card['effect']})")
-    print(f"  │ request:   {request_id}")
-    print(f"  │ target:    {redact_text(card['target'])}")
-    for line in json.dumps(redact_value(card["arguments"]), indent=2, ensure_ascii=False).splitlines():
-        print(f"  │ {line}")
+    print("\n".join(card_lines(request_id, card, digest)))
+
+
+def card_lines(request_id: str, card: dict[str, Any], digest: str) -> list[str]:
+    """The approval card as a person reads it. Everything on it but the frame comes
+    from outside (the model wrote the arguments, and so the target), so every value
+    is shown by `visible` (shared/on_screen.py): nothing on it can move the cursor,
+    clear a line, hide or reorder text, or push the target off the screen."""
+    tool, target = shown_tool(card), shown_target(card)
+    lines = [
+        f"  ┌ approval needed: {visible(card.get('label', ''), FIELD_CHARS)}  "
+        f"({tool}, effect: {visible(card.get('effect', ''), FIELD_CHARS)})",
+        f"  │ request:   {visible(request_id, FIELD_CHARS)}",
+        f"  │ target:    {target}",
+    ]
+    arguments = redact_value(card.get("arguments", {}))
+    warnings = host_warnings(redact_text(str(card.get("target", "")))) + [
+        w for text in _strings(arguments) for w in host_warnings(text)
+    ]
+    lines += [f"  │ WARNING:   {w}" for w in dict.fromkeys(warnings)]
+    shown = json_lines(arguments)
+    lines += [f"  │ {line}" for line in shown]
     if card.get("hidden"):
-        print(f"  │ hidden:    {', '.join(card['hidden'])} (secret: withheld from everyone but the executor)")
-    print(f"  └ digest:    {digest}")
+        hidden = ", ".join(visible(h, FIELD_CHARS) for h in card["hidden"])
+        lines.append(f"  │ hidden:    {hidden} (secret: withheld from everyone but the executor)")
+    if len(shown) > 8:  # the top of the card may have scrolled away: say again what it is about
+        lines.append(f"  │ that is:   {tool} on {target}")
+    lines.append(f"  └ digest:    {visible(digest, FIELD_CHARS)}")
+    return lines
+
+
+def question(decision: str, request_id: str, responder: str, card: dict[str, Any]) -> str:
+    """What `signoff approve` asks: it names the tool and the target again, since a long
+    card may have scrolled them away, and the person answers about what runs."""
+    return (
+        f"{decision} {visible(request_id, FIELD_CHARS)} as {visible(responder, FIELD_CHARS)}: "
+        f"{shown_tool(card)} on {shown_target(card)}? [y/N] "
+    )
+
+
+def shown_tool(card: dict[str, Any]) -> str:
+    return visible(card.get("tool", ""), FIELD_CHARS)
+
+
+def shown_target(card: dict[str, Any]) -> str:
+    return visible(redact_text(str(card.get("target", ""))), TARGET_CHARS)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 def setup(settings: Settings) -> int:
@@ -167,7 +214,8 @@ async def start_session(
                 async for raw in messages:
                     async with raw.process():
                         event = EVENT.validate_json(raw.body)
-                        print(f"{event.type}: {event.model_dump_json(exclude={'session_id', 'occurred_at'})}")
+                        said = event.model_dump_json(exclude={"session_id", "occurred_at"})
+                        print(f"{event.type}: {visible(said, json_text=True)}")
                         if event.type in ("turn.completed", "turn.failed", "message.rejected"):
                             break
                         if event.type == "approval.requested" and event.request_id == event.pending_request_ids[-1]:
@@ -183,18 +231,25 @@ async def show_session(settings: Settings, session_id: str) -> int:
             if session is None:
                 print(f"signoff: no session {session_id}", file=sys.stderr)
                 return 1
-            print(f"session {session.id}: {session.status}")
+            print(f"session {visible(session.id, FIELD_CHARS)}: {session.status}")
             for row in await db.scalars(
                 select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
             ):
                 entry = row.entry
+                # The transcript's text is the model's, a tool's and a person's: shown, never obeyed.
                 calls = "".join(
-                    f"\n      → {c['name']}({json.dumps(redact_value(c['arguments']))}) [{c['call_id']}]"
+                    f"\n      → {visible(c['name'], FIELD_CHARS)}({json_inline(redact_value(c['arguments']))})"
+                    f" [{visible(c['call_id'], FIELD_CHARS)}]"
                     for c in entry.get("tool_calls", [])
                 )
-                closure = f" [{entry['closure']} for {entry['call_id']}]" if entry.get("closure") else ""
-                text = redact_text(entry.get("text", ""))
-                print(f"  {row.position:3d} {entry['role']:9s}{closure} {text}{calls}")
+                closure = (
+                    f" [{visible(entry['closure'], FIELD_CHARS)} for {visible(entry['call_id'], FIELD_CHARS)}]"
+                    if entry.get("closure")
+                    else ""
+                )
+                text = visible(redact_text(str(entry.get("text", ""))), TEXT_CHARS)
+                role = visible(entry.get("role", ""), FIELD_CHARS)
+                print(f"  {row.position:3d} {role:9s}{closure} {text}{calls}")
             pending = (
                 await db.scalars(
                     select(ApprovalRequest).where(
@@ -227,7 +282,7 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
             if not requests:
                 print("no pending approval requests")
             for request in requests:
-                print(f"session {request.session_id}")
+                print(f"session {visible(request.session_id, FIELD_CHARS)}")
                 print_card(request.id, request.card, request.args_digest)
     finally:
         await engine.dispose()
@@ -253,7 +308,7 @@ async def respond(
             return 1
         if confirm and request is not None:
             print_card(request.id, request.card, request.args_digest)
-            if not _confirmed(f"{decision} {request_id} as {responder}? [y/N] "):
+            if not _confirmed(question(decision, request.id, responder, request.card)):
                 print(f"signoff: not sent; nothing was decided for {request_id}", file=sys.stderr)
                 return 1
         message_id = await console.respond(request_id, decision, reason, message, responder)
@@ -294,7 +349,8 @@ async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
                         print(f"cancelled turn {event.turn_id} of session {session_id}")
                         return 0
                     if event.type == "message.rejected" and event.rejected_message_id == command.message_id:
-                        print(f"signoff: not cancelled: {event.reason_code}: {event.reason_text}", file=sys.stderr)
+                        said = f"{event.reason_code}: {visible(event.reason_text, TEXT_CHARS)}"
+                        print(f"signoff: not cancelled: {said}", file=sys.stderr)
                         return 1
         except TimeoutError:
             print(f"signoff: cancel sent for {session_id}; no answer from the ledger within 30 s", file=sys.stderr)
@@ -317,7 +373,8 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
                 raw = await queue.get(no_ack=False, fail=False)
                 if raw is None:  # parked messages were taken meanwhile
                     break
-                print(redact_text(describe_parked(raw.message_id, raw.body, raw.headers).line()))
+                # Headers and body are whoever parked it's: `line` shows each field by `visible`.
+                print(describe_parked(raw.message_id, raw.body, raw.headers).line(redact_text))
             if total > limit:
                 print(f"(the first {limit} shown; --limit shows more)")
         finally:
@@ -359,7 +416,7 @@ async def audit_verify(settings: Settings) -> int:
     entries, chain, head = await read_audit(settings)
     verdict = audit.verify(entries, chain, head, by_txid=settings.is_postgres)
     if verdict.broken is not None:
-        print(f"signoff audit: BROKEN at {verdict.broken.line()}", file=sys.stderr)
+        print(f"signoff audit: BROKEN at {visible(verdict.broken.line())}", file=sys.stderr)
         return 1
     head_hash = head["hash"] if head else None
     print(
@@ -376,11 +433,11 @@ async def audit_show(settings: Settings, session_id: str) -> int:
         print(f"signoff: no audit entries for session {session_id}", file=sys.stderr)
         return 1
     broken = audit.first(audit.session_problems(entries))
-    state = "chain intact" if broken is None else f"chain BROKEN at {broken.line()}"
+    state = "chain intact" if broken is None else f"chain BROKEN at {visible(broken.line())}"
     print(f"session {session_id}: {len(entries)} audit entries, {state}")
     for entry in entries:
         seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
-        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {audit.story(entry)}")
+        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {visible(audit.story(entry))}")
     return 0 if broken is None else 1
 
 
@@ -452,8 +509,8 @@ async def _act_on_dead_letters(
             sender = SENDERS.get(parked.message_type)
             if action == "replayed" and sender is None:
                 print(
-                    f"{parked.message_id}: not replayed: its body names no message type Signoff takes "
-                    f"({parked.reason}); `signoff dead-letters drop` removes it",
+                    f"{visible(parked.message_id, FIELD_CHARS)}: not replayed: its body names no message type "
+                    f"Signoff takes ({visible(parked.reason, FIELD_CHARS)}); `signoff dead-letters drop` removes it",
                     file=sys.stderr,
                 )
                 refused += 1
@@ -491,8 +548,8 @@ async def _act_on_dead_letters(
             await raw.ack()
             acted += 1
             print(
-                f"{action} {parked.message_id}  type={parked.message_type} session={parked.session_id}  "
-                f"(parked: {parked.reason})"
+                f"{action} {visible(parked.message_id, FIELD_CHARS)}  type={visible(parked.message_type, FIELD_CHARS)}"
+                f" session={visible(parked.session_id, FIELD_CHARS)}  (parked: {visible(parked.reason, FIELD_CHARS)})"
             )
     if message_id is not None and acted == 0 and refused == 0:
         print(f"signoff: no parked message {message_id}", file=sys.stderr)
@@ -551,17 +608,17 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                             say(f"approving {event.request_id}")
                             await console.respond(event.request_id, "approve", "", "", "demo")
                         elif event.type == "approval.decided":
-                            say(f"decision committed: {event.decision} by {event.responder}")
+                            say(f"decision committed: {event.decision} by {visible(event.responder, FIELD_CHARS)}")
                         elif event.type == "tool.closed":
                             async with console.sessions() as db:
                                 closure = await db.get(Closure, event.call_id)
-                            output = json.dumps((closure.output or {}).get("value"))
+                            output = json_inline((closure.output or {}).get("value"))
                             say(f"tool ran once and closed as {event.kind}: {output}")
                         elif event.type == "turn.completed":
-                            say(f"final answer: {event.text}")
+                            say(f"final answer: {visible(event.text, TEXT_CHARS)}")
                             return 0
                         elif event.type in ("turn.failed", "message.rejected"):
-                            say(f"{event.type}: {event.reason_text}")
+                            say(f"{event.type}: {visible(event.reason_text, TEXT_CHARS)}")
                             return 1
         except TimeoutError:
             print(

@@ -19,6 +19,7 @@ from shared.catalogue import load_catalogue
 from shared.ledger.database import create_engine
 from shared.messages import now
 from shared.observability import know_tools
+from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
 from shared.provisioning import management_api, vhost_in_path
 from shared.settings import Settings
 from shared.topology import Topology
@@ -55,9 +56,15 @@ class Status:
 
     def needs_a_person(self, topology: Topology) -> list[str]:
         """What is wrong, one sentence each; empty: nothing."""
-        wrong = [f"{r.name} at {r.url} is not ready ({r.said})" for r in self.replicas if not r.ready]
+        # What a replica answered and what an error says come from outside: shown, never obeyed.
+        wrong = [
+            f"{visible(r.name, FIELD_CHARS)} at {visible(r.url, FIELD_CHARS)} is not ready "
+            f"({visible(r.said, FIELD_CHARS)})"
+            for r in self.replicas
+            if not r.ready
+        ]
         if self.queues_error:
-            wrong.append(f"the queues cannot be read: {self.queues_error}")
+            wrong.append(f"the queues cannot be read: {visible(self.queues_error, TEXT_CHARS)}")
         for queue in self.queues:
             if queue.name == topology.dead_letter_queue.name:
                 if queue.ready + queue.unacked:
@@ -65,7 +72,7 @@ class Status:
             elif queue.consumers == 0:
                 wrong.append(f"nobody consumes {queue.name} ({queue.ready} waiting)")
         if self.backlog_error:
-            wrong.append(f"the ledger cannot be read: {self.backlog_error}")
+            wrong.append(f"the ledger cannot be read: {visible(self.backlog_error, TEXT_CHARS)}")
         if self.backlog is not None:
             lag = _age(self.backlog.oldest_unsent, self.at)
             if lag > RELAY_LAG_LIMIT:
@@ -73,7 +80,10 @@ class Status:
             for tool, (_, _, soonest) in sorted(self.backlog.pending.items()):
                 if soonest is not None and (soonest - self.at).total_seconds() < EXPIRY_WARNING:
                     left = (soonest - self.at).total_seconds()
-                    wrong.append(f"an approval for {tool} expires in {left:.0f} s: answer it (`signoff pending`)")
+                    wrong.append(
+                        f"an approval for {visible(tool, FIELD_CHARS)} expires in {left:.0f} s: "
+                        "answer it (`signoff pending`)"
+                    )
         return wrong
 
 
@@ -179,17 +189,18 @@ def render(status: Status, topology: Topology) -> str:
     if not status.replicas:
         lines.append("(none asked: SIGNOFF_METRICS_PORT is 0 and SIGNOFF_STATUS_TARGETS is empty)")
     for r in status.replicas:
-        lines.append(f"{r.name:<20} {r.url:<28} {'ready' if r.ready else 'NOT READY: ' + r.said}")
+        state = "ready" if r.ready else "NOT READY: " + visible(r.said, FIELD_CHARS)
+        lines.append(f"{visible(r.name, FIELD_CHARS):<20} {visible(r.url, FIELD_CHARS):<28} {state}")
     lines.append("")
     lines.append(f"{'QUEUE':<44} {'READY':>7} {'UNACKED':>8} {'CONSUMERS':>10}")
     if status.queues_error:
-        lines.append(f"(cannot read the queues: {status.queues_error})")
+        lines.append(f"(cannot read the queues: {visible(status.queues_error, TEXT_CHARS)})")
     for q in status.queues:
-        lines.append(f"{q.name:<44} {q.ready:>7} {q.unacked:>8} {q.consumers:>10}")
+        lines.append(f"{visible(q.name, FIELD_CHARS):<44} {q.ready:>7} {q.unacked:>8} {q.consumers:>10}")
     lines.append("")
     backlog = status.backlog
     if backlog is None:
-        lines.append(f"ledger: cannot be read ({status.backlog_error})")
+        lines.append(f"ledger: cannot be read ({visible(status.backlog_error, TEXT_CHARS)})")
     else:
         lag = _age(backlog.oldest_unsent, status.at)
         lines.append(f"relay lag            {_duration(lag)} ({backlog.unsent} outbox rows unsent)")
@@ -202,7 +213,7 @@ def render(status: Status, topology: Topology) -> str:
             said += f", first expires in {_duration((soonest - status.at).total_seconds())})" if soonest else ")"
         lines.append(said)
         for tool, (n, _, _) in sorted(backlog.pending.items()):
-            lines.append(f"  {tool:<18} {n}")
+            lines.append(f"  {visible(tool, FIELD_CHARS):<18} {n}")
         undelivered = sum(n for n, _ in backlog.undelivered.values())
         if undelivered:
             lines.append(f"hooks undelivered    {undelivered}")

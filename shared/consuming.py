@@ -281,7 +281,8 @@ def _schema_mismatch(error: BaseException) -> bool:
 
 
 def _cause(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    said = redact_text(str(error)).splitlines()
+    return f"{type(error).__name__}: {said[0][:200] if said else ''}"
 
 
 def _log_failure(work: asyncio.Future) -> None:

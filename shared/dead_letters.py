@@ -16,9 +16,12 @@ Pure: headers and body in, a description out.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
 
 REASON_HEADER = "x-signoff-reason"
 DETAIL_HEADER = "x-signoff-detail"
@@ -41,10 +44,18 @@ class ParkedMessage:
     # The parked message's own fields, as far as its body is a JSON object (else empty).
     envelope: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def line(self) -> str:
+    def line(self, redact: Callable[[str], str] = str) -> str:
+        """Two lines for `signoff dead-letters`. Every field is whatever the parking
+        message's sender wrote (headers and body alike): each is redacted, then shown
+        by `visible`, so an escape in one cannot hide an entry or fake another line."""
+
+        def shown(text: str, limit: int = FIELD_CHARS) -> str:
+            return visible(redact(text), limit)
+
         return (
-            f"{self.parked_at}  {self.message_id}  type={self.message_type} session={self.session_id}  "
-            f"consumer={self.consumer}\n    {self.reason}: {self.detail}"
+            f"{shown(self.parked_at)}  {shown(self.message_id)}  type={shown(self.message_type)} "
+            f"session={shown(self.session_id)}  consumer={shown(self.consumer)}\n"
+            f"    {shown(self.reason)}: {shown(self.detail, TEXT_CHARS)}"
         )
 
 

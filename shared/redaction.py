@@ -80,6 +80,8 @@ _SHAPE_CLUES = re.compile(
 )
 # Shorter than this, a known value is too likely to be an ordinary word to scrub.
 _MIN_KNOWN = 4
+# The shortest part of a key `hide_pieces` hides wherever it appears.
+PIECE = 8
 
 # A parked body's fields kept as they are: ids Signoff mints or checks, never a secret.
 _ENVELOPE_IDS = frozenset(
@@ -97,6 +99,34 @@ def remember(*values: str) -> None:
 
 def known() -> frozenset[str]:
     return frozenset(_known)
+
+
+def redact_then_cut(text: str, limit: int, secrets: Iterable[str] = ()) -> str:
+    """The text redacted, then cut to `limit` characters: in that order, since a secret
+    cut in two is no longer found, and its first characters would go out."""
+    return redact_text(text, secrets)[:limit]
+
+
+def hide_pieces(text: str, secrets: Iterable[str], size: int = PIECE) -> str:
+    """The text without any run of `size` or more characters that also occurs in one of
+    `secrets`: for a credential a server may quote in part (a provider's error that
+    echoes the first characters of a rejected key)."""
+    pieces = {s[n : n + size] for s in secrets if s and len(s) >= size for n in range(len(s) - size + 1)}
+    if not pieces or len(text) < size:
+        return text
+    covered = [False] * len(text)
+    for n in range(len(text) - size + 1):
+        if text[n : n + size] in pieces:
+            covered[n : n + size] = [True] * size
+    if not any(covered):
+        return text
+    shown: list[str] = []
+    for n, char in enumerate(text):
+        if not covered[n]:
+            shown.append(char)
+        elif n == 0 or not covered[n - 1]:
+            shown.append(REDACTED)
+    return "".join(shown)
 
 
 def is_credential_name(name: str) -> bool:

@@ -51,7 +51,7 @@ class FakeProvider:
         self.requests: list[dict[str, Any]] = []
         self.statuses: list[int] = []
         self.usages: list[dict[str, int]] = []
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str | None]] = []
         self._bodies: list[Any] = []
         self._lock = threading.Lock()
         fake = self
@@ -89,9 +89,11 @@ class FakeProvider:
         self.server.shutdown()
         self.server.server_close()
 
-    def fail_next(self, n: int, status: int = 429) -> None:
+    def fail_next(self, n: int, status: int = 429, message: str | None = None) -> None:
+        """The next n requests fail with `status`; `message`: what the error body says
+        (e.g. one that quotes the key it was sent, as some providers' errors do)."""
         with self._lock:
-            self._failures.extend([status] * n)
+            self._failures.extend([(status, message)] * n)
 
     def answer_next(self, *bodies: Any) -> None:
         with self._lock:
@@ -118,9 +120,10 @@ class FakeProvider:
         if path != self.path:
             return 404, self.error("not_found", f"no route {path}"), {}
         if self._failures:
-            status = self._failures.pop(0)
+            status, message = self._failures.pop(0)
             extra = {"Retry-After": "0"} if status == 429 else {}
-            return status, self.error("rate_limit_error" if status == 429 else "api_error", f"injected {status}"), extra
+            kind = "rate_limit_error" if status == 429 else "api_error"
+            return status, self.error(kind, message or f"injected {status}"), extra
         if not self.authorized(headers):
             return 401, self.error("authentication_error", "invalid api key"), {}
         if self._bodies:

@@ -354,6 +354,19 @@ MUTATIONS = [
    "            (lambda _: None)(",
    "tests/integration/test_structured_logs.py::"
    "test_following_one_session_by_its_id_at_info_shows_each_ledger_transition_and_each_model_step"),
+  ("the card shows outside text raw (what a person sees made the identity)", "shared/on_screen.py",
+   '    """What is shown of the text, and how many of its characters are not."""\n',
+   '    """What is shown of the text, and how many of its characters are not."""\n    return text, 0\n',
+   "tests/unit/test_on_screen.py tests/integration/test_card_on_screen.py"),
+  ("a provider's error cut before its key is hidden (a key across the cut leaks its first characters)",
+   "services/model_step/transport.py",
+   "    return _redact(said[:BODY_CHARS], secrets)[:DETAIL_CHARS]\n",
+   "    return said[:DETAIL_CHARS].replace(secrets[0], '***') if secrets and secrets[0] else said[:DETAIL_CHARS]\n",
+   "tests/integration/test_provider_keys.py::test_a_provider_error_quoting_the_key_across_the_cut_shows_no_piece_of_it_anywhere"),
+  ("the model-step never tells the redactor its provider keys", "services/model_step/transport.py",
+   "            remember(api_key.get_secret_value())\n",
+   "            pass\n",
+   "tests/integration/test_provider_keys.py::test_the_model_step_knows_its_provider_keys_from_start_up_and_its_log_lines_hide_them"),
 ]
 
 

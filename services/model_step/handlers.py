@@ -19,6 +19,7 @@ from shared.consuming import previous_deliveries
 from shared.ledger.transcripts import TranscriptMismatch
 from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, TranscriptEntry, encode
 from shared.observability import PROVIDER_ATTEMPTS, PROVIDER_TOKENS, bounded
+from shared.redaction import redact_then_cut
 
 from .replies import Provider, ProviderError, ProviderReply, counted, unusable
 from .tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
@@ -33,6 +34,8 @@ MAX_RETRY_AFTER_SECONDS = 30.0
 # Publishing the report is retried (the same message id: the ledger keeps one) this
 # many times before the step is left to its redelivery, which calls the provider again.
 REPORT_TRIES = 6
+# The longest error a step's report carries (the ledger's turn.failed reason).
+ERROR_CHARS = 4000
 
 
 class Transcripts(Protocol):
@@ -101,7 +104,7 @@ async def _step(
         stored = await transcripts.read(request.session_id, request.transcript_length, request.transcript_digest)
     except TranscriptMismatch as mismatch:
         # Not the transcript the ledger asked for: every delivery would find the same.
-        error = f"the model-step could not read the step's transcript: {mismatch}"[:4000]
+        error = redact_then_cut(f"the model-step could not read the step's transcript: {mismatch}", ERROR_CHARS)
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
         return _failed(request, attempts, error)
     provider = providers.get(request.provider)
@@ -118,7 +121,9 @@ async def _step(
     except Exception as broken:
         # Pure code over the request: it would fail the same way on every delivery.
         log.exception("session %s step %s: could not prepare the request", request.session_id, request.step_id)
-        error = f"the model-step could not prepare the request: {type(broken).__name__}: {broken}"[:4000]
+        error = redact_then_cut(
+            f"the model-step could not prepare the request: {type(broken).__name__}: {broken}", ERROR_CHARS
+        )
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=provider.name, error=error))
         return _failed(request, attempts, error)
     error = ""
@@ -133,7 +138,8 @@ async def _step(
             failure = raised if isinstance(raised, ProviderError) else _unexpected(provider.name, raised)
             # A retry must give the same calls the same ids (invariant 2).
             ids.rollback()
-            error = str(failure)[:4000]
+            # Redacted before it is cut: the provider's keys are known to the redactor.
+            error = redact_then_cut(str(failure), ERROR_CHARS)
             attempts.append(
                 ProviderAttempt(
                     number=number, status="failed", provider=provider.name, usage=counted(failure.usage), error=error
@@ -198,7 +204,8 @@ def _completed(
 def _unexpected(provider: str, error: Exception) -> ProviderError:
     """A provider that raised something other than a ProviderError: a retryable failure
     (bounded by MAX_ATTEMPTS) whose usage, if any was billed, is unknown."""
-    return ProviderError(f"{provider}: the call failed ({type(error).__name__}: {error})"[:4000], retryable=True)
+    said = f"{provider}: the call failed ({type(error).__name__}: {error})"
+    return ProviderError(redact_then_cut(said, ERROR_CHARS), retryable=True)
 
 
 def _failed(request: RequestModelStep, attempts: list[ProviderAttempt], error: str) -> ModelStepCompleted:
@@ -208,7 +215,7 @@ def _failed(request: RequestModelStep, attempts: list[ProviderAttempt], error: s
         causation_id=request.message_id,
         step_id=request.step_id,
         attempts=attempts,
-        error=error[:4000],
+        error=redact_then_cut(error, ERROR_CHARS),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
+from shared.redaction import redact_then_cut
 
 
 @dataclass
@@ -68,7 +69,7 @@ def unusable(provider: str, error: BaseException, usage: Usage) -> ProviderError
         detail = f"{type(error).__name__}: {error}"
     except Exception:
         detail = type(error).__name__
-    return ProviderError(f"{provider}: unusable reply ({detail})"[:4000], retryable=True, usage=usage)
+    return ProviderError(redact_then_cut(f"{provider}: unusable reply ({detail})", 4000), retryable=True, usage=usage)
 
 
 def counted(usage: Any) -> Usage:

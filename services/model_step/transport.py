@@ -14,6 +14,7 @@ import httpx
 from pydantic import SecretStr
 
 from shared.messages import ToolDescription, TranscriptEntry
+from shared.redaction import hide_pieces, redact_text, remember
 
 from .replies import ProviderError, ProviderReply
 
@@ -26,22 +27,29 @@ def timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=min(10.0, seconds))
 
 
+# What a provider's error may say in a failure's reason, and how much of its body is read
+# to find that: more than the reason by far more than any key, so a key cut at the first
+# bound is past the second.
+DETAIL_CHARS = 500
+BODY_CHARS = 65_536
+
+
 def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """The text without the keys (whole, or any piece of 8 characters or more), known
+    secrets and credential shapes."""
+    return hide_pieces(redact_text(text, secrets), secrets)
 
 
-def _error_detail(response: httpx.Response) -> str:
+def _error_detail(response: httpx.Response, secrets: tuple[str, ...]) -> str:
+    """What the provider said was wrong, redacted, then cut (in that order: a key cut in
+    two is no longer found, and its first characters would go out)."""
     try:
         body = response.json()
         error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:500]
-        return json.dumps(body)[:500]
+        said = str(error["message"]) if isinstance(error, dict) and error.get("message") else json.dumps(body)
     except Exception:  # not JSON, or JSON nested past the parser's recursion limit
-        return response.text[:500]
+        said = response.text
+    return _redact(said[:BODY_CHARS], secrets)[:DETAIL_CHARS]
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -71,12 +79,12 @@ async def post_json(
         raise ProviderError(f"{provider}: no answer in time ({type(error).__name__})", retryable=True) from None
     except httpx.RequestError as error:
         # A transport error, a body that cannot be decoded, too many redirects.
-        detail = _redact(str(error), secrets)
-        raise ProviderError(f"{provider}: {type(error).__name__}: {detail}"[:4000], retryable=True) from None
+        detail = _redact(f"{provider}: {type(error).__name__}: {error}", secrets)
+        raise ProviderError(detail[:4000], retryable=True) from None
     status = response.status_code
     if status >= 400:
         retryable = status in RETRYABLE_STATUSES or status >= 500
-        detail = _redact(_error_detail(response), secrets)
+        detail = _error_detail(response, secrets)
         raise ProviderError(
             f"{provider}: HTTP {status}: {detail}",
             retryable=retryable,
@@ -105,6 +113,9 @@ class HttpProvider:
         self.url = base_url.rstrip("/") + self.path
         self.model = model
         self._api_key = api_key
+        if api_key is not None:
+            # Known to the redactor from start-up on: hidden in every log line and error.
+            remember(api_key.get_secret_value())
         self._client = httpx.AsyncClient(timeout=timeout(timeout_seconds))
 
     def __repr__(self) -> str:

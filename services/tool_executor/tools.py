@@ -190,7 +190,8 @@ async def _run_http(
     try:
         body: Any = response.json()
     except ValueError:
-        body = response.text[:10_000]
+        # Hidden before it is cut: a secret cut in two would no longer be found.
+        body = redact_text(response.text, spec.secret_values(arguments))[:10_000]
     if response.is_success:
         return ToolResult("output", {"status": response.status_code, "body": body})
     # The receiver's answer, its secrets hidden and cut short by `run_tool`: enough to say why.
