@@ -455,8 +455,10 @@ async def _act_on_dead_letters(
             if action == "replayed":
                 identity, refusal = _original_sender(settings, console.topology, parked)
                 if identity is None:
-                    print(f"{parked.message_id}: not replayed: {refusal}; `signoff dead-letters drop` removes it",
-                          file=sys.stderr)
+                    print(
+                        f"{parked.message_id}: not replayed: {refusal}; `signoff dead-letters drop` removes it",
+                        file=sys.stderr,
+                    )
                     refused += 1
                     continue
             async with console.sessions() as db, db.begin():
@@ -516,10 +518,7 @@ def _original_sender(settings: Settings, topology: Topology, parked: ParkedMessa
         return (f"channel.{settings.channel}" if sender == "channel" else sender), ""
     user = proven_sender(parked, topology)
     if user is None:
-        return None, (
-            f"nothing proves who sent this {parked.message_type} (it was put on the dead letters by "
-            f"{parked.parked_by or 'an unnamed user'}, neither by RabbitMQ nor by the consumer of its queue)"
-        )
+        return None, _unproven(parked)
     identity = user[len(topology.namespace) + 1 :]
     if not settings.broker_password_file(identity).exists():
         return None, f"its sender {user} has no broker password in {settings.broker_password_file(identity).parent}"
@@ -538,12 +537,15 @@ def _as_proven(settings: Settings, topology: Topology, parked: ParkedMessage) ->
         return parked
     if proven_sender(parked, topology) is not None:
         return parked
-    by = parked.parked_by or "an unnamed user"
-    return replace(
-        parked,
-        reason=UNPROVEN,
-        detail=f"put on the dead letters by {by}, not by RabbitMQ nor by its queue's consumer; "
-        f"it claims {parked.reason}: {parked.detail}",
+    return replace(parked, reason=UNPROVEN, detail=f"{_unproven(parked)}; it claims {parked.reason}: {parked.detail}")
+
+
+def _unproven(parked: ParkedMessage) -> str:
+    """Why nothing proves who sent a parked message, in an operator's words."""
+    return (
+        f"nothing proves who sent this {parked.message_type}: it was put on the dead letters by "
+        f"{parked.parked_by or 'an unnamed user'}, naming {parked.recorded_sender or 'no'} sender; only RabbitMQ "
+        "(keeping the sender's own user_id) or the consumer of its queue (naming a sender that may send it) prove it"
     )
 
 

@@ -218,9 +218,7 @@ class Topology:
             # Exclusive queues of its own, named by the server (`amq.gen-…`) or by
             # aio-pika (`amq_…`), bound to the events it watches.
             private = r"amq(\.gen-|_).+"
-            return Permissions(
-                any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\.events", private)
-            )
+            return Permissions(any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\.events", private))
         queues = {
             "approval-ledger": rf"{ns}\.ledger\..+",  # its inbound queues and the parked copies
             "model-step": rf"{ns}\.model-step\.requests",
