@@ -337,6 +337,22 @@ MUTATIONS = [
    "            raise _Refused(refusal)\n",
    "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
+  ("a channel reads every queue and exchange of the namespace again (it may take a person's approval)", 'shared/topology.py',
+   'any_of(rf"{ns}\\.channels", private), any_of(rf"{ns}\\.events", private))',
+   'any_of(rf"{ns}\\.channels", private), any_of(rf"{ns}\\..+", private))',
+   'tests/integration/test_broker_permissions.py::test_no_agent_side_identity_nor_a_channel_may_bind_to_the_commands_or_read_another_services_queue[sqlite]'),
+  ('a service reads the exchange its queue is bound to again (it may bind to the commands)', 'shared/topology.py',
+   '        return Permissions(any_of(), any_of(*writes), any_of(queues))',
+   '        return Permissions(any_of(), any_of(*writes), any_of(queues, rf"{ns}\\.commands"))',
+   'tests/integration/test_broker_permissions.py::test_no_agent_side_identity_nor_a_channel_may_bind_to_the_commands_or_read_another_services_queue[sqlite]'),
+  ('the ledger acts on a parked copy nothing proves', 'services/approval_ledger/handlers.py',
+   '    if ledger.check_senders and proven_sender(parked, ledger.topology) is None:',
+   '    if False:',
+   'tests/integration/test_dead_letter_path.py::test_forged_parked_copies_fail_no_other_sessions_call_nor_end_its_turn_and_the_real_runs_complete_once[sqlite]'),
+  ('a replay sends a dead letter as the identity its type names', 'services/console.py',
+   '    user = proven_sender(parked, topology)\n',
+   '    user = topology.identity(f"channel.{settings.channel}" if sender == "channel" else sender)\n',
+   'tests/integration/test_dead_letter_path.py::test_a_replay_refuses_a_forged_dead_letter_and_sends_nothing[sqlite]'),
 ]
 
 
