@@ -353,6 +353,10 @@ MUTATIONS = [
    '    user = proven_sender(parked, topology)\n',
    '    user = topology.identity(f"channel.{settings.channel}" if sender == "channel" else sender)\n',
    'tests/integration/test_dead_letter_path.py::test_a_replay_refuses_a_forged_dead_letter_and_sends_nothing[sqlite]'),
+  ('a consumer parks a message without naming who sent it', 'shared/consuming.py',
+   '                SENDER_HEADER: raw.raw_message.user_id or "",\n',
+   '',
+   'tests/integration/test_command_line.py::test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_and_it_is_applied_once[sqlite]'),
 ]
 
 
