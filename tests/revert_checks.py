@@ -358,6 +358,10 @@ MUTATIONS = [
    '                SENDER_HEADER: raw.raw_message.user_id or "",\n',
    '',
    'tests/integration/test_command_line.py::test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_and_it_is_applied_once[sqlite]'),
+  ('a message RabbitMQ parked itself is not believed (a session waiting on it stays stuck)', 'shared/dead_letters.py',
+   '    if parked.death_queue == topology.inbound_queue(kind).name and topology.may_send(kind, parked.parked_by):',
+   '    if False:',
+   'tests/integration/test_dead_letter_path.py::test_a_message_rabbitmq_parked_itself_fails_the_turn_that_waited_on_it_and_replays_as_its_own_sender[sqlite]'),
 ]
 
 

@@ -146,3 +146,47 @@ async def test_a_replay_refuses_a_forged_dead_letter_and_sends_nothing(deploymen
     assert await rows(deployment, Session, id=victim) == []
     assert await rows(deployment, DeadLetterAction) == []
     assert (await asyncio.to_thread(signoff, deployment, "dead-letters")).startswith("4 dead-lettered")
+
+
+async def park_as_rabbitmq_does(observer, queue: str) -> int:
+    """Take every message of a queue and give it back unhandled (as a consumer that dies on
+    each delivery would) until RabbitMQ parks it at its delivery limit; how many were taken."""
+    queue = await observer.declare_queue(queue, passive=True)
+    taken = 0
+    while (raw := await queue.get(no_ack=False, fail=False, timeout=5)) is not None:
+        await raw.nack(requeue=True)
+        taken += 1
+    return taken
+
+
+async def test_a_message_rabbitmq_parked_itself_fails_the_turn_that_waited_on_it_and_replays_as_its_own_sender(
+    deployment, sink
+):
+    """The proven paths still work. An approved call's `tool.execute` that RabbitMQ parks at
+    its delivery limit (its consumer gave it back on every delivery) keeps the publisher's
+    `user_id`: the ledger fails the turn that waited on it. A `turn.start` RabbitMQ parked
+    while the ledger was away is replayed as the channel that sent it, and the turn runs."""
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_DELIVERY_LIMIT="1")
+    deployment.start("approval-ledger", "publisher", "model-step")
+    ns = deployment.namespace
+    waiting, later = mint("ses"), mint("ses")
+    async with deployment.console() as console, deployment.observer() as observer:
+        events, requested = await start_and_wait_for_approval(console, waiting)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "approval.decided")
+        await eventually(lambda: park_as_rabbitmq_does(observer, f"{ns}.tool-executor.requests"))
+        failed = await next_event(events, "turn.failed", timeout=30)
+        assert failed.reason_code == "message_parked" and "(delivery_limit)" in failed.reason_text, failed
+
+        deployment.kill("approval-ledger")
+        events = await console.watch(later)
+        start = StartTurn(session_id=later, text="go")
+        await console.send(start)
+        assert await eventually(lambda: park_as_rabbitmq_does(observer, f"{ns}.ledger.turns")) == 2
+        listed = await eventually(lambda: asyncio.to_thread(signoff, deployment, "dead-letters"))
+        assert f"{start.message_id}  type=turn.start" in listed and "unproven_parking" not in listed, listed
+        deployment.start("approval-ledger")
+        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", start.message_id)
+        assert replayed.startswith(f"replayed {start.message_id}  type=turn.start session={later}"), replayed
+        await next_event(events, "approval.requested", timeout=30)
+    assert sink.counts["/sink"] == 0
