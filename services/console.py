@@ -19,6 +19,7 @@ from sqlalchemy import select
 from services.supervisor import Supervisor
 from shared import audit, keyring
 from shared.consuming import publish
+from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import (
@@ -37,7 +38,7 @@ from shared.redaction import redact_text, redact_value
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
 from shared.signatures import sign
-from shared.topology import Topology
+from shared.topology import OPERATOR, Topology
 
 
 class Console:
@@ -361,8 +362,9 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
     """List parked messages without consuming them: count first, then take that
     many unacknowledged, each once, and close the channel, which returns them all
     to the queue in their order. The dead-letter queue has no delivery limit, so
-    a listing never counts against them."""
-    async with Console(settings) as console:
+    a listing never counts against them. Read as the operator's own broker identity:
+    no channel may read the dead letters."""
+    async with Console(settings, OPERATOR) as console:
         name = console.topology.dead_letter_queue.name
         channel = await console.connection.channel()
         try:
@@ -374,7 +376,8 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
                 if raw is None:  # parked messages were taken meanwhile
                     break
                 # Headers and body are whoever parked it's: `line` shows each field by `visible`.
-                print(describe_parked(raw.message_id, raw.body, raw.headers).line(redact_text))
+                parked = describe_parked(raw.message_id, raw.body, raw.headers, raw.user_id)
+                print(_as_proven(settings, console.topology, parked).line(redact_text))
             if total > limit:
                 print(f"(the first {limit} shown; --limit shows more)")
         finally:
@@ -489,11 +492,10 @@ async def _act_on_dead_letters(
 
     from shared.ledger.tables import DeadLetterAction
     from shared.messages import now
-    from shared.topology import SENDERS
 
     acted = refused = 0
     async with AsyncExitStack() as stack:
-        console = await stack.enter_async_context(Console(settings))
+        console = await stack.enter_async_context(Console(settings, OPERATOR))
         senders: dict[str, Console] = {}
         name = console.topology.dead_letter_queue.name
         channel = await console.connection.channel()
@@ -503,18 +505,20 @@ async def _act_on_dead_letters(
             raw = await queue.get(no_ack=False, fail=False)
             if raw is None:
                 break
-            parked = describe_parked(raw.message_id, raw.body, raw.headers)
+            parked = describe_parked(raw.message_id, raw.body, raw.headers, raw.user_id)
             if message_id is not None and parked.message_id != message_id:
                 continue
-            sender = SENDERS.get(parked.message_type)
-            if action == "replayed" and sender is None:
-                print(
-                    f"{visible(parked.message_id, FIELD_CHARS)}: not replayed: its body names no message type "
-                    f"Signoff takes ({visible(parked.reason, FIELD_CHARS)}); `signoff dead-letters drop` removes it",
-                    file=sys.stderr,
-                )
-                refused += 1
-                continue
+            identity = None
+            if action == "replayed":
+                identity, refusal = _original_sender(settings, console.topology, parked)
+                if identity is None:
+                    print(
+                        f"{visible(parked.message_id, FIELD_CHARS)}: not replayed: {visible(refusal, FIELD_CHARS * 4)};"
+                        " `signoff dead-letters drop` removes it",
+                        file=sys.stderr,
+                    )
+                    refused += 1
+                    continue
             async with console.sessions() as db, db.begin():
                 db.add(
                     DeadLetterAction(
@@ -529,9 +533,7 @@ async def _act_on_dead_letters(
                         acted_at=now(),
                     )
                 )
-            if action == "replayed":
-                assert sender is not None
-                identity = f"channel.{settings.channel}" if sender == "channel" else sender
+            if identity is not None:
                 if identity not in senders:
                     senders[identity] = await stack.enter_async_context(Console(settings, identity))
                 by = senders[identity]
@@ -557,6 +559,52 @@ async def _act_on_dead_letters(
     if message_id is None:
         print(f"{acted} message(s) {action}" + (f", {refused} could not be" if refused else ""))
     return 1 if refused else 0
+
+
+def _original_sender(settings: Settings, topology: Topology, parked: ParkedMessage) -> tuple[str | None, str]:
+    """The broker identity a parked message is replayed as: the one that sent it, as its
+    parking proves (shared/dead_letters.py `proven_sender`), never the one its type
+    names: anybody who may write the dead letters could otherwise have a message of
+    any type re-sent as its rightful sender. (None, why not) when nothing proves it."""
+    from shared.topology import SENDERS
+
+    sender = SENDERS.get(parked.message_type)
+    if sender is None:
+        return None, f"its body names no message type Signoff takes ({parked.reason})"
+    if not settings.broker_identities:
+        # One broker user for everyone: there is nobody else to send it as.
+        return (f"channel.{settings.channel}" if sender == "channel" else sender), ""
+    user = proven_sender(parked, topology)
+    if user is None:
+        return None, _unproven(parked)
+    identity = user[len(topology.namespace) + 1 :]
+    if not settings.broker_password_file(identity).exists():
+        return None, f"its sender {user} has no broker password in {settings.broker_password_file(identity).parent}"
+    return identity, ""
+
+
+def _as_proven(settings: Settings, topology: Topology, parked: ParkedMessage) -> ParkedMessage:
+    """A parked command as an operator should read it: one whose parking nothing proves
+    is listed as that, with what it claims, so a forged reason is not taken for the
+    broker's or a consumer's."""
+    from dataclasses import replace
+
+    from shared.dead_letters import UNPROVEN
+
+    if not settings.broker_identities or topology.consumer(parked.message_type) is None:
+        return parked
+    if proven_sender(parked, topology) is not None:
+        return parked
+    return replace(parked, reason=UNPROVEN, detail=f"{_unproven(parked)}; it claims {parked.reason}: {parked.detail}")
+
+
+def _unproven(parked: ParkedMessage) -> str:
+    """Why nothing proves who sent a parked message, in an operator's words."""
+    return (
+        f"nothing proves who sent this {parked.message_type}: it was put on the dead letters by "
+        f"{parked.parked_by or 'an unnamed user'}, naming {parked.recorded_sender or 'no'} sender; only RabbitMQ "
+        "(keeping the sender's own user_id) or the consumer of its queue (naming a sender that may send it) prove it"
+    )
 
 
 def demo(settings: Settings) -> int:

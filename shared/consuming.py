@@ -22,7 +22,14 @@ from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, Rabbit
 from pydantic import TypeAdapter, ValidationError
 
 from shared import logs
-from shared.dead_letters import CONSUMER_HEADER, DELIVERY_LIMIT, DETAIL_HEADER, PARKED_AT_HEADER, REASON_HEADER
+from shared.dead_letters import (
+    CONSUMER_HEADER,
+    DELIVERY_LIMIT,
+    DETAIL_HEADER,
+    PARKED_AT_HEADER,
+    REASON_HEADER,
+    SENDER_HEADER,
+)
 from shared.messages import Envelope, encode, now
 from shared.observability import MESSAGE_HANDLING, MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED, MESSAGES_PUBLISHED
 from shared.redaction import redact_message_body, redact_text
@@ -214,7 +221,10 @@ class Inbound:
         """Park a message with its reason, then ack it: nothing lost, nothing blocked.
         What is parked is the reason and the headers, and the body redacted: a call's
         arguments hidden, known secrets and credential shapes hidden everywhere else
-        (the ledger keeps the call itself)."""
+        (the ledger keeps the call itself). The copy is published as this consumer (its
+        `user_id`) and names who sent the original (RabbitMQ checked that `user_id`), so
+        the ledger and a replay can tell it from one anybody else put on the dead path
+        (shared/dead_letters.py `proven_sender`)."""
         detail = redact_text(detail)
         log.warning("%s: dead-lettering %s: %s: %s", self.consumer, raw.message_id, code, detail)
         MESSAGES_DEAD_LETTERED.labels(self.consumer, self.message_type, code).inc()
@@ -229,6 +239,7 @@ class Inbound:
                 REASON_HEADER: code,
                 DETAIL_HEADER: detail[:2000],
                 CONSUMER_HEADER: self.consumer,
+                SENDER_HEADER: raw.raw_message.user_id or "",
                 PARKED_AT_HEADER: now().isoformat(timespec="seconds"),
             },
         )

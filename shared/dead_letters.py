@@ -10,6 +10,12 @@ name a reason (invariant 9):
   say why, e.g. each delivery killed its consumer): the broker's own `x-death`
   header carries the reason, the queue and the time.
 
+Either path can be imitated: the model-step and the executor may write the
+dead-letter exchange (to park bad input), with any headers. So a parked message
+is believed only as far as its AMQP `user_id` proves it (RabbitMQ checks that
+property against the publishing connection's user, and keeps it when it
+dead-letters a message itself): `proven_sender`.
+
 Pure: headers and body in, a description out.
 """
 
@@ -19,7 +25,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.topology import Topology
 
 from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
 
@@ -27,6 +36,11 @@ REASON_HEADER = "x-signoff-reason"
 DETAIL_HEADER = "x-signoff-detail"
 CONSUMER_HEADER = "x-signoff-consumer"
 PARKED_AT_HEADER = "x-signoff-parked-at"
+# The broker user that sent the message the consumer parked (its AMQP `user_id`):
+# the parked copy's own `user_id` is the consumer's.
+SENDER_HEADER = "x-signoff-sender"
+# What an operator is told of a parked message whose parking nothing proves.
+UNPROVEN = "unproven_parking"
 # The reason a consumer gives a message whose every delivery failed, the same
 # word RabbitMQ uses when it parks one itself.
 DELIVERY_LIMIT = "delivery_limit"
@@ -43,6 +57,16 @@ class ParkedMessage:
     parked_at: str
     # The parked message's own fields, as far as its body is a JSON object (else empty).
     envelope: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The parked copy's AMQP `user_id`: who published it to the dead letters (a
+    # consumer parking it), or, when RabbitMQ parked it, who sent the original.
+    parked_by: str = ""
+    # What the `x-signoff-*` headers claim: that a consumer (this one) parked it, and
+    # the original sender it recorded.
+    consumer_parked: bool = False
+    claimed_consumer: str = ""
+    recorded_sender: str = ""
+    # The queue RabbitMQ says it parked the message from (its `x-death`), if it did.
+    death_queue: str = ""
 
     def line(self, redact: Callable[[str], str] = str) -> str:
         """Two lines for `signoff dead-letters`. Every field is whatever the parking
@@ -59,7 +83,9 @@ class ParkedMessage:
         )
 
 
-def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None) -> ParkedMessage:
+def describe(
+    message_id: str | None, body: bytes, headers: dict[str, Any] | None, parked_by: str | None = None
+) -> ParkedMessage:
     headers = headers or {}
     envelope = _envelope(body)
     death = _first_death(headers)
@@ -81,7 +107,40 @@ def describe(message_id: str | None, body: bytes, headers: dict[str, Any] | None
         consumer=consumer or (f"queue {_text(death.get('queue'))}" if death else "?"),
         parked_at=parked_at or "?",
         envelope=envelope,
+        parked_by=parked_by or "",
+        consumer_parked=REASON_HEADER in headers or CONSUMER_HEADER in headers,
+        claimed_consumer=consumer,
+        recorded_sender=_text(headers.get(SENDER_HEADER)),
+        death_queue=_text(death.get("queue")),
     )
+
+
+def proven_sender(parked: ParkedMessage, topology: Topology) -> str | None:
+    """The broker user that sent the parked message, if its parking is proven; else None.
+
+    - A consumer parked it: the copy's `user_id` is the broker identity of the service
+      that consumes the queue of the message's type, its consumer header names that
+      service, and the sender it recorded may send that type.
+    - RabbitMQ parked it (no consumer header; `x-death` names the queue of the
+      message's type): the `user_id` RabbitMQ kept is the original sender's, and it
+      may send that type.
+
+    Anything else on the dead path was published there by someone who is neither;
+    nothing acts on it, and it is replayed as nobody."""
+    kind = parked.message_type
+    consumer = topology.consumer(kind)
+    if consumer is None:
+        return None
+    if parked.consumer_parked:
+        proven = (
+            parked.claimed_consumer == consumer
+            and parked.parked_by == topology.identity(consumer)
+            and topology.may_send(kind, parked.recorded_sender)
+        )
+        return parked.recorded_sender if proven else None
+    if parked.death_queue == topology.inbound_queue(kind).name and topology.may_send(kind, parked.parked_by):
+        return parked.parked_by
+    return None
 
 
 def _envelope(body: bytes) -> dict[str, Any]:

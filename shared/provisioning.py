@@ -18,11 +18,12 @@ from faststream.rabbit import RabbitBroker
 
 from shared.consuming import declare
 from shared.settings import Settings
-from shared.topology import SERVICES, Topology
+from shared.topology import OPERATOR, SERVICES, Topology
 
 
 def broker_identities(channels: list[str]) -> list[str]:
-    return [*SERVICES, *(f"channel.{name}" for name in channels)]
+    """Every broker user of a namespace: the services, the operator's console, the channels."""
+    return [*SERVICES, OPERATOR, *(f"channel.{name}" for name in channels)]
 
 
 def management_api(settings: Settings) -> httpx.AsyncClient:

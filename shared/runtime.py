@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from faststream import AckPolicy
-from faststream.rabbit import RabbitBroker, RabbitMessage
+from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitQueue
 from faststream.rabbit.schemas import Channel
 from pydantic import TypeAdapter
 
@@ -143,8 +143,7 @@ class Runtime:
         inbound = self.inbound(self.name, redis_fast_path=redis_fast_path, message_type=message_type)
 
         @self.broker.subscriber(
-            self.topology.inbound_queue(message_type),
-            self.topology.inbound_exchange(message_type),
+            _declared_by_setup(self.topology.inbound_queue(message_type)),
             ack_policy=AckPolicy.MANUAL,
             decoder=_the_message_itself,
         )
@@ -157,12 +156,12 @@ class Runtime:
         original stays parked, listed by `signoff dead-letters`)."""
 
         @self.broker.subscriber(
-            self.topology.parked_queue, self.topology.dead, ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
+            _declared_by_setup(self.topology.parked_queue), ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
         )
         async def entrypoint(message) -> None:
             logs.concerning(message_id=message.message_id)
             try:
-                parked = describe(message.message_id, message.body, message.headers)
+                parked = describe(message.message_id, message.body, message.headers, message.raw_message.user_id)
                 await handle(parked)
             except Exception:
                 log.exception("handling a parked message's copy failed; it will be redelivered")
@@ -212,6 +211,14 @@ class Runtime:
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps({**counts, "written_at": time.time()}))
         partial.replace(path)
+
+
+def _declared_by_setup(queue: RabbitQueue) -> RabbitQueue:
+    """The queue as `signoff setup` declared and bound it: the service only looks it up
+    (a passive declare) and consumes. Given an exchange, or left to declare, FastStream
+    would declare the queue and bind it to the exchange, which needs configure on the
+    queue and read on the exchange: permissions no service holds (Topology.permissions)."""
+    return RabbitQueue(queue.name, declare=False)
 
 
 async def _the_message_itself(message: RabbitMessage) -> RabbitMessage:

@@ -58,6 +58,8 @@ SENDER_EXCHANGES = {
     "publisher": "commands",
 }
 SERVICES = ("approval-ledger", "publisher", "model-step", "tool-executor")
+# The operator's own broker identity (`signoff dead-letters`): it reads the dead letters, nothing else.
+OPERATOR = "console"
 
 
 @dataclass(frozen=True)
@@ -185,38 +187,42 @@ class Topology:
     def may_send(self, message_type: str, user_id: str | None) -> bool:
         return self.sender_kind(user_id) == SENDERS.get(message_type)
 
+    def consumer(self, message_type: str) -> str | None:
+        """The service that consumes the queue of a command type (None: not a command)."""
+        queue = COMMAND_TYPES.get(message_type)
+        if queue is None:
+            return None
+        return "approval-ledger" if queue.startswith("ledger.") else queue.split(".")[0]
+
     def permissions(self, name: str) -> Permissions:
-        """Least privilege for a service or channel: configure its own queues, write
-        its own exchange (and the dead-letter exchange, to park bad input), read its
-        own queues and the exchanges they are bound to."""
+        """Least privilege: each identity may use exactly its own queues and exchanges.
+        A service reads (consumes) only its own queues and writes only its own exchange
+        and, to park bad input, the dead-letter exchange. It reads no exchange and
+        configures nothing: `signoff setup` declares and binds every queue, and binding
+        needs read on the exchange (queue.bind: write on the queue, read on the
+        exchange), which would let it bind a queue of its own to `<ns>.commands` and
+        receive every `tool.execute`. A channel may make private server-named queues
+        and bind them only to `<ns>.events` (the one exchange it reads); the operator's
+        console reads only the dead letters."""
         ns = re.escape(self.namespace)
 
         def any_of(*names: str) -> str:
             return "^(" + "|".join(names) + ")$" if names else "^$"
 
         dead = rf"{ns}\.dead"
-        own_queues = {
-            "approval-ledger": rf"{ns}\.ledger\..+",
-            "model-step": rf"{ns}\.model-step\.requests",
-            "tool-executor": rf"{ns}\.tool-executor\.requests",
-        }
         if name == "publisher":
             return Permissions(any_of(), any_of(rf"{ns}\.commands", rf"{ns}\.events"), any_of())
+        if name == OPERATOR:
+            return Permissions(any_of(), any_of(), any_of(rf"{ns}\.dead-letters"))
         if name.startswith("channel."):
-            # A channel adapter (and the operator's CLI) publishes turns and responses,
-            # and watches events through exclusive queues of its own (named by the
-            # server, `amq.gen-…`, or by aio-pika, `amq_…`); it may read any of the
-            # namespace's exchanges and the dead letters.
+            # Exclusive queues of its own, named by the server (`amq.gen-…`) or by
+            # aio-pika (`amq_…`), bound to the events it watches.
             private = r"amq(\.gen-|_).+"
-            return Permissions(any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\..+", private))
-        queue = own_queues[name]
-        sources = [rf"{ns}\.{re.escape(SENDER_EXCHANGES[s])}" for s in {SENDERS[t] for t in _consumed_by(name)}]
-        if name == "approval-ledger":
-            sources.append(dead)  # the parked messages' copies
-        writes = [queue, dead] + ([rf"{ns}\.{re.escape(SENDER_EXCHANGES[name])}"] if name in SENDER_EXCHANGES else [])
-        return Permissions(any_of(queue), any_of(*writes), any_of(queue, *sorted(sources)))
-
-
-def _consumed_by(service: str) -> list[str]:
-    prefix = "ledger." if service == "approval-ledger" else f"{service}."
-    return [kind for kind, queue in COMMAND_TYPES.items() if queue.startswith(prefix)]
+            return Permissions(any_of(private), any_of(rf"{ns}\.channels", private), any_of(rf"{ns}\.events", private))
+        queues = {
+            "approval-ledger": rf"{ns}\.ledger\..+",  # its inbound queues and the parked copies
+            "model-step": rf"{ns}\.model-step\.requests",
+            "tool-executor": rf"{ns}\.tool-executor\.requests",
+        }[name]
+        writes = [dead] + ([rf"{ns}\.{re.escape(SENDER_EXCHANGES[name])}"] if name in SENDER_EXCHANGES else [])
+        return Permissions(any_of(), any_of(*writes), any_of(queues))

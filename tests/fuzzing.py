@@ -605,7 +605,9 @@ class FuzzRun:
         run.admin = (await admin.channel(publisher_confirms=True), urlsplit(RABBITMQ_URL).username or "guest")
         events = await run.console.watch("*")
         await events.consume(run._on_event, no_ack=True)
-        reader = await run.console.connection.channel()
+        # The dead letters are the operator's to read (no channel may).
+        operator = await stack.enter_async_context(deployment.console(identity="console"))
+        reader = await operator.connection.channel()
         await reader.set_qos(prefetch_count=256)
         dead = await reader.declare_queue(f"{run.namespace}.dead-letters", passive=True)
         await dead.consume(run._on_dead)

@@ -335,6 +335,15 @@ class Deployment:
             yield console
 
     @asynccontextmanager
+    async def observer(self):
+        """A channel as the broker's administrator, for a test that watches what no Signoff
+        identity may read (e.g. a copy of every `tool.execute` bound to the commands)."""
+        self.setup()
+        connection = await aio_pika.connect(RABBITMQ_URL)
+        async with connection:
+            yield await connection.channel()
+
+    @asynccontextmanager
     async def engine(self, identity: str):
         """An engine on the ledger as one service's own role (a test acting as that service)."""
         engine = create_engine(self.settings, identity=identity, pool_size=2)

@@ -16,7 +16,7 @@ from shared import faults
 from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
-from shared.dead_letters import ParkedMessage
+from shared.dead_letters import UNPROVEN, ParkedMessage, proven_sender
 from shared.messages import (
     ApprovalCard,
     ApprovalDecided,
@@ -630,7 +630,18 @@ async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:
     """A parked message the session's open turn was waiting on (its model step's
     request or report, a call's execution or result) would leave the session stuck:
     the turn fails with the reason instead, its open calls closed honestly. Anything
-    else parked (a bad response, a stale report) changes nothing here."""
+    else parked (a bad response, a stale report) changes nothing here. Nor does a
+    copy whose parking is not proven: the model-step and the executor may write the
+    dead letters, so a copy anybody else could have made acts on no session."""
+    if ledger.check_senders and proven_sender(parked, ledger.topology) is None:
+        log.warning(
+            "a parked %s %s is not acted on: %s (published to the dead letters by %s)",
+            parked.message_type,
+            parked.message_id,
+            UNPROVEN,
+            parked.parked_by or "nobody named",
+        )
+        return
     session_id = parked.session_id
     with counting_on_commit() as committed:
         await _fail_turn_waiting_on(ledger, parked, session_id)

@@ -115,10 +115,10 @@ async def test_a_publisher_killed_after_send_before_marking_resends_with_the_sam
     wire(deployment, sink)
     deployment.start_with_fault("publisher", "publisher.after_send")
     session_id = mint("ses")
-    async with deployment.console() as console:
+    async with deployment.console() as console, deployment.observer() as observer:
         events = await console.watch(session_id)
         # A copy of every step request, to see the resend itself.
-        copies = await console.channel.declare_queue(exclusive=True)
+        copies = await observer.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="step.requested")
         await console.send(StartTurn(session_id=session_id, text="go"))
         await deployment.replace_after_fault("publisher")

@@ -119,7 +119,8 @@ async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_
         await console.respond(requested.request_id, "approve", "", "", "tester")
         await next_event(events, "turn.completed")
 
-        dead = await console.channel.declare_queue(topology_queue, passive=True)
+    async with deployment.console(identity="console") as operator:
+        dead = await operator.channel.declare_queue(topology_queue, passive=True)
         reasons = {}
         async def all_dead():
             while (raw := await dead.get(no_ack=True, fail=False)) is not None:

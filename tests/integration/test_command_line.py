@@ -72,8 +72,8 @@ async def test_an_operator_lists_dead_letters_once_each_with_their_reasons_and_t
     async with deployment.console() as console:
         exchange = await console.channel.get_exchange(f"{deployment.namespace}.channels")
         await exchange.publish(aio_pika.Message(b"{not json", message_id="junk-1"), routing_key="approval.respond")
-        await exchange.publish(aio_pika.Message(json.dumps(bad_decision).encode(), message_id="junk-2"),
-                               routing_key="approval.respond")
+        await exchange.publish(aio_pika.Message(json.dumps(bad_decision).encode(), message_id="junk-2",
+                                                user_id=console.user), routing_key="approval.respond")
 
     async def both_parked():
         listed = await asyncio.to_thread(signoff, deployment, "dead-letters")

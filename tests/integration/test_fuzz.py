@@ -130,8 +130,8 @@ async def test_a_message_the_fuzzer_found_failing_on_every_delivery_is_now_parke
         body = {**body, "message_id": message_id}
         await target.publish(aio_pika.Message(json.dumps(body).encode(), message_id=message_id,
                                               user_id=sender.user), routing_key=routing_key)
-    async with deployment.console() as console:
-        dead = await console.channel.declare_queue(f"{deployment.namespace}.dead-letters", passive=True)
+    async with deployment.console(identity="console") as operator:
+        dead = await operator.channel.declare_queue(f"{deployment.namespace}.dead-letters", passive=True)
         raw = await eventually(lambda: dead.get(no_ack=True, fail=False), timeout=5)
     assert (raw.message_id, raw.headers["x-signoff-reason"]) == (message_id, "invalid"), raw.headers
 

@@ -32,8 +32,8 @@ async def test_a_python_tool_sleeping_past_its_lease_runs_once_while_its_command
     deployment.start("tool-executor#2")  # where a redelivery can land while the first one runs the tool
     session_id = f"{prefix}-{mint('ses')}"
     folder = runs_folder(deployment.data_dir)
-    async with deployment.console() as console:
-        copies = await console.channel.declare_queue(exclusive=True)
+    async with deployment.console() as console, deployment.observer() as observer:
+        copies = await observer.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")
         events = await console.watch(session_id)
         await console.send(StartTurn(session_id=session_id, text="sleep on it"))

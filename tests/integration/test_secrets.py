@@ -96,9 +96,9 @@ async def run_and_look_everywhere(deployment, sink, receiver, tmp_path, canary: 
     deployment.start()
     session_id = f"canary-{secrets.token_hex(8)}"
     path = f"/bot{canary}-url/send"
-    async with deployment.console() as console:
+    async with deployment.console() as console, deployment.observer() as observer:
         everything = await console.watch("*")
-        copies = await console.channel.declare_queue(exclusive=True)
+        copies = await observer.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")
         events = await console.watch(session_id)
         await console.send(StartTurn(session_id=session_id, text="post it"))
@@ -135,10 +135,11 @@ async def run_and_look_everywhere(deployment, sink, receiver, tmp_path, canary: 
         listing = await asyncio.to_thread(signoff, deployment, "dead-letters")
         assert forged.message_id in listing and "unauthorized" in listing
         seen["dead-letters listing"] = [listing]
-        dead = await console.channel.get_queue(f"{deployment.namespace}.dead-letters", ensure=False)
-        parked = []
-        while (message := await dead.get(no_ack=True, fail=False)) is not None:
-            parked.append(message.body.decode(errors="replace") + json.dumps(message.headers, default=str))
+        async with deployment.console(identity="console") as operator:
+            dead = await operator.channel.get_queue(f"{deployment.namespace}.dead-letters", ensure=False)
+            parked = []
+            while (message := await dead.get(no_ack=True, fail=False)) is not None:
+                parked.append(message.body.decode(errors="replace") + json.dumps(message.headers, default=str))
         assert any(forged.message_id in p for p in parked), "the forged command was parked"
         seen["dead letters"] = parked
 

@@ -73,9 +73,9 @@ async def test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_a
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t", SIGNOFF_AUTHORIZATION_TTL_SECONDS="3")
     deployment.start()
     session_id = mint("ses")
-    async with deployment.console() as console:
+    async with deployment.console() as console, deployment.observer() as observer:
         # Every tool.execute the ledger sends, copied.
-        copies = await console.channel.declare_queue(exclusive=True)
+        copies = await observer.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")
         alerts = await console.watch("*")
         events, requested = await start_and_wait_for_approval(console, session_id)

@@ -83,23 +83,40 @@ def test_each_command_comes_through_its_senders_own_exchange_and_counts_only_fro
     assert not topology.may_send("step.completed", "ns.channel.cli")
 
 
-def test_a_service_may_write_only_its_own_exchange_and_the_dead_letters_and_read_only_what_it_consumes():
+def test_a_service_may_write_only_its_own_exchange_and_the_dead_letters_and_read_only_its_own_queues():
+    """Reading an exchange is what binding to it needs: no service reads any exchange
+    (setup binds every queue), so none can bind a queue to the commands."""
     import re
 
     topology = Topology("ns")
+    exchanges = ("ns.channels", "ns.commands", "ns.events", "ns.dead", "ns.model-step.reports",
+                 "ns.tool-executor.reports")
     model_step = topology.permissions("model-step")
     assert re.fullmatch(model_step.write, "ns.model-step.reports") and re.fullmatch(model_step.write, "ns.dead")
-    for other in ("ns.channels", "ns.commands", "ns.events", "ns.tool-executor.reports", "ns.ledger.responses"):
+    for other in ("ns.channels", "ns.commands", "ns.events", "ns.tool-executor.reports", "ns.ledger.responses",
+                  "ns.model-step.requests"):
         assert not re.fullmatch(model_step.write, other), other
-    assert re.fullmatch(model_step.read, "ns.commands") and not re.fullmatch(model_step.read, "ns.ledger.responses")
+    assert re.fullmatch(model_step.read, "ns.model-step.requests")
+    for service in ("model-step", "tool-executor", "approval-ledger", "publisher", "console"):
+        allowed = topology.permissions(service)
+        assert allowed.configure == "^$", service
+        assert not [e for e in exchanges if re.fullmatch(allowed.read, e)], service
+    assert not re.fullmatch(model_step.read, "ns.ledger.responses")
     channel = topology.permissions("channel.cli")
     assert re.fullmatch(channel.write, "ns.channels") and not re.fullmatch(channel.write, "ns.commands")
+    assert [e for e in exchanges if re.fullmatch(channel.read, e)] == ["ns.events"]
+    for queue in topology.all_queue_names():
+        assert not re.fullmatch(channel.read, queue) and not re.fullmatch(channel.write, queue), queue
+    assert re.fullmatch(channel.read, "amq.gen-abc") and re.fullmatch(channel.configure, "amq.gen-abc")
     publisher = topology.permissions("publisher")
     assert {bool(re.fullmatch(publisher.write, n)) for n in ("ns.commands", "ns.events")} == {True}
-    assert not re.fullmatch(publisher.write, "ns.channels") and publisher.configure == "^$"
+    assert not re.fullmatch(publisher.write, "ns.channels") and publisher.read == "^$"
     ledger = topology.permissions("approval-ledger")
     assert not any(re.fullmatch(ledger.write, n) for n in ("ns.channels", "ns.commands", "ns.events"))
-    assert all(re.fullmatch(ledger.read, n) for n in ("ns.channels", "ns.model-step.reports", "ns.ledger.turns"))
+    assert all(re.fullmatch(ledger.read, n) for n in ("ns.ledger.turns", "ns.ledger.parked"))
+    console = topology.permissions("console")
+    assert [q for q in topology.all_queue_names() if re.fullmatch(console.read, q)] == ["ns.dead-letters"]
+    assert console.write == "^$"
 
 
 def test_a_counted_approval_is_an_event_that_says_how_many_approved_and_how_many_must():
