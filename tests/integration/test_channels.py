@@ -68,7 +68,8 @@ async def test_a_channel_for_alice_cannot_cancel_bobs_session_as_bob_nor_as_alic
     register_inbox_for_alice(deployment)
     deployment.start()
     async with deployment.console() as cli, deployment.console(identity="channel.inbox") as inbox:
-        # Bob's session waits on a call only ann may approve (alice is neither its starter, an approver nor an operator).
+        # Bob's session waits on a call only ann may approve: alice is neither its starter, an approver nor
+        # an operator.
         bobs = f"escalated-{mint('ses')}"
         events = await cli.watch(bobs)
         await cli.send(StartTurn(session_id=bobs, text="go", started_by="bob"))
