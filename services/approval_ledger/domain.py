@@ -597,7 +597,6 @@ def judge_canceller(
     )
 
 
-
 def refuse_cancellation(open_turn_id: str | None, asked_turn_id: str | None) -> Refusal | None:
     """Only the session's open turn can be cancelled, and only if it is the one named."""
     if open_turn_id is None:

@@ -281,9 +281,7 @@ async def respond_to_approval(
     ledger: Ledger, uow: UnitOfWork, session: SessionState | None, response: RespondToApproval
 ) -> None:
     authority = ledger.authority
-    refused = domain.authenticate_response(
-        response, authority.channels, at=uow.now, window=authority.response_window
-    )
+    refused = domain.authenticate_response(response, authority.channels, at=uow.now, window=authority.response_window)
     if ledger.check_senders:
         refused = refused or domain.judge_key_channel(response.key_id, _sending_channel(ledger))
     refused = refused or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
