@@ -13,6 +13,10 @@ from services.warm_start import SERVICES, run_service
 from shared.settings import Settings
 
 ALIASES = {"ledger": "approval-ledger", "executor": "tool-executor", "model": "model-step"}
+AS_HELP = (
+    "the person acting (default: the OS user running this); only someone `signoff setup` "
+    "registered the CLI's channel for (--cli-principal)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", help="run all four services as child processes until Ctrl-C")
     up.add_argument("--log-dir", type=Path, help="where each service's log goes (default: <data dir>/logs)")
 
-    commands.add_parser("setup", help="make this deployment's keys (idempotent; says what it did)")
+    setup = commands.add_parser("setup", help="make this deployment's keys (idempotent; says what it did)")
+    setup.add_argument(
+        "--cli-principal",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a person the CLI's channel may act as (--as), besides the OS user running setup and those "
+        "registered before; repeat for more",
+    )
     commands.add_parser("migrate", help="bring the ledger's schema up to date")
     commands.add_parser("demo", help="run the services and drive one session through an approval")
 
@@ -39,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument(
         "--as",
         dest="responder",
-        default=os.environ.get("USER", "cli"),
-        help="who starts it (a tool may forbid its starter to approve its calls)",
+        help="who starts it (a tool may forbid its starter to approve its calls); " + AS_HELP,
     )
     show = session_commands.add_parser("show", help="a session's status, transcript and pending requests")
     show.add_argument("session_id")
@@ -50,17 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     approve = commands.add_parser("approve", help="approve a request")
     approve.add_argument("request_id")
     approve.add_argument("--message", default="", help="a note for the model, sent with the decision")
-    approve.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
+    approve.add_argument("--as", dest="responder", help=AS_HELP)
     approve.add_argument("--yes", action="store_true", help="approve without being shown the card and asked")
     deny = commands.add_parser("deny", help="deny a request")
     deny.add_argument("request_id")
     deny.add_argument("--reason", required=True)
-    deny.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
+    deny.add_argument("--as", dest="responder", help=AS_HELP)
 
     cancel = commands.add_parser("cancel", help="cancel a session's open turn (by session or turn id)")
     cancel.add_argument("target", help="ses_… (its open turn) or trn_…")
     cancel.add_argument("--reason", default="")
-    cancel.add_argument("--as", dest="responder", default=os.environ.get("USER", "cli"))
+    cancel.add_argument("--as", dest="responder", help=AS_HELP)
 
     dead = commands.add_parser(
         "dead-letters", help="list parked (dead-lettered) messages with their reasons; replay or drop them"
@@ -103,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in ("migrate", "session", "pending", "audit"):
             check_reachable(settings, only=("PostgreSQL",))
+        if getattr(args, "responder", "") is None:
+            from shared.keyring import os_user
+
+            args.responder = os_user()  # the CLI's channel asserts whoever runs it
 
         if args.command == "setup":
-            return console.setup(settings)
+            return console.setup(settings, args.cli_principal)
         if args.command == "migrate":
             return asyncio.run(console.migrate_only(settings))
         if args.command == "demo":

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import aio_pika
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
+from services.approval_ledger.domain import speaks_for
 from services.supervisor import Supervisor
 from shared import audit, keyring
 from shared.consuming import publish
@@ -173,13 +175,22 @@ def _strings(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def setup(settings: Settings) -> int:
+def setup(settings: Settings, cli_principals: Sequence[str] = ()) -> int:
     """Everything a deployment needs before its services start, made if missing
-    (idempotent): its keys, (with broker identities) a RabbitMQ user per service
-    and channel with its permissions, the namespace's topology, and on PostgreSQL
-    a role per service with its grants and the migrated schema.
-    Says what it did."""
-    done = keyring.create(settings.keys_path, {settings.channel: ["*"]})
+    (idempotent): its keys, the CLI's channel (`SIGNOFF_CHANNEL`) registered for
+    the OS user running setup plus `cli_principals` (and whomever it was registered
+    for before), (with broker identities) a RabbitMQ user per service and channel
+    with its permissions, the namespace's topology, and on PostgreSQL a role per
+    service with its grants and the migrated schema. Says what it did."""
+    for principal in cli_principals:
+        if not principal or any(c in principal for c in "*?[]") or principal.startswith("token:"):
+            raise SystemExit(f"signoff setup: --cli-principal {principal!r}: name one person (no patterns, no token:)")
+    before = keyring.registered_principals(settings.keys_path, settings.channel)
+    principals = keyring.cli_principals(before, keyring.os_user(), list(cli_principals))
+    done = []
+    if before and "*" in before:
+        done.append(f"channel {settings.channel} may no longer assert anyone: '*' dropped from its principals")
+    done += keyring.create(settings.keys_path, {settings.channel: principals})
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
     done += asyncio.run(provision_database(settings))
     for line in done:
@@ -197,6 +208,27 @@ async def migrate_only(settings: Settings) -> int:
     return 0
 
 
+def check_may_assert(settings: Settings, principal: str) -> None:
+    """Refuse, before sending anything, to name someone the CLI's channel is not
+    registered for (the ledger would refuse it as `wrong_principal`): `--as` names
+    only the principals an operator listed for it."""
+    try:
+        channel = keyring.channels(settings.keys_path).get(settings.channel)
+    except PermissionError:
+        return  # the registry is the ledger's to read here; the ledger judges
+    if channel is None:
+        raise SystemExit(
+            f"signoff: channel {settings.channel!r} is not registered in {settings.keys_path / keyring.CHANNELS}; "
+            "run `signoff setup`"
+        )
+    if not speaks_for(channel, principal):  # the ledger's own rule
+        raise SystemExit(
+            f"signoff: channel {channel.name!r} may not act as {principal!r}; it may act as "
+            f"{', '.join(channel.principals) or 'nobody'}. Nothing was sent. An operator adds a person with "
+            f"`signoff setup --cli-principal {principal}`."
+        )
+
+
 async def start_session(
     settings: Settings,
     text: str,
@@ -205,6 +237,8 @@ async def start_session(
     provider: str | None = None,
     started_by: str | None = None,
 ) -> int:
+    if started_by is not None:
+        check_may_assert(settings, started_by)
     session_id = session_id or mint("ses")
     async with Console(settings) as console:
         queue = await console.watch(session_id) if wait else None
@@ -302,6 +336,7 @@ async def respond(
 ) -> int:
     """Send a decision; with `confirm`, first show the card and ask (a person approves
     what they saw, not an id)."""
+    check_may_assert(settings, responder)
     async with Console(settings) as console:
         request = await console.request(request_id)
         if request is not None and request.status != "pending":
@@ -325,6 +360,7 @@ def _confirmed(question: str) -> bool:
 
 
 async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
+    check_may_assert(settings, by)
     async with Console(settings) as console:
         turn_id = target if target.startswith("trn_") else None
         session_id = target
@@ -641,7 +677,9 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
     async with Console(settings) as console:
         queue = await console.watch(session_id)
         say(f"session {session_id}: asking the agent to publish the release notes")
-        await console.send(StartTurn(session_id=session_id, text="Please publish the release notes for version 1.2."))
+        person = keyring.os_user()  # whom `signoff setup` registered the CLI's channel for
+        text = "Please publish the release notes for version 1.2."
+        await console.send(StartTurn(session_id=session_id, text=text, started_by=person))
         try:
             async with asyncio.timeout(timeout):
                 async with queue.iterator() as messages:
@@ -654,7 +692,7 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                             say(f"session is waiting on {', '.join(event.pending_request_ids)}")
                             # What `signoff approve` does once a person has read this card and said yes.
                             say(f"approving {event.request_id}")
-                            await console.respond(event.request_id, "approve", "", "", "demo")
+                            await console.respond(event.request_id, "approve", "", "", person)
                         elif event.type == "approval.decided":
                             say(f"decision committed: {event.decision} by {visible(event.responder, FIELD_CHARS)}")
                         elif event.type == "tool.closed":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import pwd
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,8 @@ class Channel:
 
     name: str
     public_key: Ed25519PublicKey
-    # Patterns of the responders it may assert (`*`: anyone, e.g. an operator's CLI).
+    # Patterns of the principals it may assert (`*`: anyone; `signoff setup` never gives
+    # the CLI's channel that: `cli_principals`).
     principals: tuple[str, ...]
 
     def may_assert(self, responder: str) -> bool:
@@ -81,6 +83,33 @@ def channels(keys_dir: Path) -> dict[str, Channel]:
         name: Channel(name, load_public_key(entry["public_key"]), tuple(entry.get("principals") or ()))
         for name, entry in (data.get("channels") or {}).items()
     }
+
+
+def registered_principals(keys_dir: Path, name: str) -> list[str] | None:
+    """The principals a channel is registered for as `channels.yaml` lists them; None: not registered."""
+    path = keys_dir / CHANNELS
+    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    entry = (data.get("channels") or {}).get(name)
+    return None if entry is None else list(entry.get("principals") or [])
+
+
+def os_user() -> str:
+    """Who runs this process, as the system knows them (not `$USER`, which anyone sets)."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a container's user without a passwd entry
+        return f"uid-{uid}"
+
+
+def cli_principals(registered: list[str] | None, runner: str, listed: list[str]) -> list[str]:
+    """Whom the CLI's channel may assert after `signoff setup`: those it was registered
+    for before (setup keeps them: an operator may have added some), the OS user running
+    setup, and those the operator lists (`--cli-principal`). Never anyone at all: a `*`
+    from an older setup is dropped, since whoever can read the CLI's key could then
+    approve as anybody."""
+    kept = [p for p in registered or [] if p != "*"]
+    return list(dict.fromkeys([*kept, runner, *listed]))
 
 
 def channel_private_key(keys_dir: Path, name: str) -> Ed25519PrivateKey:

@@ -184,6 +184,13 @@ class Topology:
             return "channel"
         return name if name in SERVICES else None
 
+    def channel_of(self, user_id: str | None) -> str | None:
+        """The channel a broker user `<ns>.channel.<name>` is (its name in `keys/channels.yaml`); None for any other."""
+        prefix = self._name("channel.")
+        if not user_id or not user_id.startswith(prefix) or len(user_id) == len(prefix):
+            return None
+        return user_id[len(prefix) :]
+
     def may_send(self, message_type: str, user_id: str | None) -> bool:
         return self.sender_kind(user_id) == SENDERS.get(message_type)
 

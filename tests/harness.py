@@ -169,6 +169,18 @@ class WarmStarts:
         return WarmChild(self, request_id, reply["pid"])
 
 
+# Whom the tests' CLI channel may assert: the people the tests act as through it, and
+# the OS user running them (the CLI's default `--as`), as `signoff setup
+# --cli-principal …` registers them; never anyone at all. Not carol
+# (tests/integration/test_channels.py: the CLI refuses `--as carol`). "unknown" is
+# the name a RespondToApproval or CancelTurn carries when it names nobody.
+CLI_PRINCIPALS = [
+    keyring.os_user(),
+    "tester", "t", "a", "alice", "bob", "sam", "ann", "lee", "mallory", "channel-a", "channel-b",
+    "chaos", "fuzzer", "bench", "unknown",
+]
+
+
 @dataclass
 class Deployment:
     """One isolated Signoff deployment: its settings, its processes, its data."""
@@ -257,7 +269,7 @@ class Deployment:
         if self._set_up:
             return
         # The default keys folder, read without the settings: a test may give bad settings on purpose.
-        keyring.create(self.data_dir / "keys", {"cli": ["*"]})
+        keyring.create(self.data_dir / "keys", {"cli": CLI_PRINCIPALS})
         channels = sorted(keyring.channels(self.data_dir / "keys"))
         with ThreadPoolExecutor(1) as thread:  # callers may be inside an event loop
             thread.submit(asyncio.run, provision_broker(self.settings, channels)).result()

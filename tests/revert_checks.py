@@ -392,6 +392,46 @@ MUTATIONS = [
    '    if parked.death_queue == topology.inbound_queue(kind).name and topology.may_send(kind, parked.parked_by):',
    '    if False:',
    'tests/integration/test_dead_letter_path.py::test_a_message_rabbitmq_parked_itself_fails_the_turn_that_waited_on_it_and_replays_as_its_own_sender[sqlite]'),
+  ("a channel starts a turn as anyone (started_by not judged against the sending channel)", "services/approval_ledger/handlers.py",
+   '        principal, doing = message.started_by, "start a turn"',
+   '        principal, doing = None, "start a turn"',
+   "tests/integration/test_channels.py::test_a_channel_for_alice_cannot_start_a_turn_as_carol_and_alice_starts_hers[sqlite]"),
+  ("a channel cancels in anyone's name (cancelled_by not judged against the sending channel)", "services/approval_ledger/handlers.py",
+   '        principal, doing = message.cancelled_by, "cancel a turn"',
+   '        principal, doing = None, "cancel a turn"',
+   "tests/integration/test_channels.py::"
+   "test_a_channel_for_alice_cannot_cancel_bobs_session_as_bob_nor_as_alice_and_the_rightful_cancel[sqlite]"),
+  ("anyone may cancel anyone's turn (no starter, approver or operator needed)", "services/approval_ledger/domain.py",
+   "    if canceller in starters or canceller in operators:\n        return None",
+   "    if True:\n        return None",
+   "tests/unit/test_ledger_rules.py::test_an_approver_of_a_pending_request_may_cancel_and_anyone_else_may_not "
+   "tests/integration/test_channels.py::"
+   "test_a_channel_for_alice_cannot_cancel_bobs_session_as_bob_nor_as_alice_and_the_rightful_cancel[sqlite]"),
+  ("a response signed by one channel counts from another channel's broker user", "services/approval_ledger/domain.py",
+   "    if key_id is not None and key_id == channel_name:",
+   "    if True:",
+   "tests/unit/test_ledger_rules.py::test_a_response_counts_only_from_the_channel_whose_key_signed_it "
+   "tests/integration/test_channels.py::"
+   "test_a_response_signed_with_one_channels_key_is_refused_from_another_channels_broker_user[sqlite]"),
+  ("a turn naming no starter inherits the session's (its channel's person may approve a separated call)", "services/approval_ledger/domain.py",
+   "    if turn_started_by is None:\n        return frozenset()",
+   "    if False:\n        return frozenset()",
+   "tests/unit/test_ledger_rules.py::"
+   "test_a_turn_that_names_no_starter_leaves_its_calls_starter_unknown_even_in_a_session_someone_started"),
+  ("the CLI sends --as anyone (no check before sending)", "services/console.py",
+   "    if not speaks_for(channel, principal):  # the ledger's own rule",
+   "    if False:",
+   "tests/integration/test_channels.py::"
+   "test_the_cli_refuses_to_approve_as_someone_its_channel_is_not_registered_for_before_sending"),
+  ("setup keeps a CLI that may assert anyone", "shared/keyring.py",
+   '    kept = [p for p in registered or [] if p != "*"]',
+   "    kept = list(registered or [])",
+   "tests/unit/test_cli_channel.py::test_a_cli_that_could_assert_anyone_no_longer_can_after_setup"),
+  ("setup registers the CLI for the listed people only, forgetting those registered before", "shared/keyring.py",
+   "    return list(dict.fromkeys([*kept, runner, *listed]))",
+   "    return list(dict.fromkeys([runner, *listed]))",
+   "tests/integration/test_channels.py::"
+   "test_signoff_setup_registers_the_cli_for_the_os_user_and_the_listed_people_and_keeps_them_when_run_again"),
 ]
 
 

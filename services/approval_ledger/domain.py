@@ -125,6 +125,52 @@ def refuse_sender(message_type: str, user_id: str | None, topology: Topology) ->
     return Refusal("unauthorized_sender", f"{user_id or 'a sender without a user id'} may not send {message_type}.")
 
 
+# --- whom a channel speaks for ----------------------------------------------------
+#
+# A channel is trusted only for the principals it is registered for
+# (`keys/channels.yaml`). Which channel sent a message is known from its broker
+# user, `<ns>.channel.<name>`, which RabbitMQ vouches for (`Topology.channel_of`).
+
+
+def speaks_for(channel: Channel, principal: str) -> bool:
+    """Whether a channel may name this principal: one it is registered for, and never
+    a `token:` one (that names no person: `may_name`)."""
+    return not principal.startswith(TOKEN_RESPONDER_PREFIX) and channel.may_assert(principal)
+
+
+def judge_speaker(
+    channels: Mapping[str, Channel], channel_name: str | None, principal: str | None, doing: str
+) -> Refusal | None:
+    """A turn's starter, or whoever a cancel names, must be a principal the sending
+    channel may assert: a channel registered for alice may not start a turn as carol
+    (and so pass carol off as the starter a tool's separation of duties excludes), nor
+    cancel in bob's name. A turn that names nobody names nobody (its starter stays
+    unknown: `starters_of`). None: it may."""
+    if principal is None:
+        return None
+    channel = channels.get(channel_name) if channel_name else None
+    if channel is None:
+        return Refusal(
+            "wrong_principal", f"{channel_name or 'The sender'!r} is no registered channel; it may not {doing}."
+        )
+    if not speaks_for(channel, principal):
+        return Refusal("wrong_principal", f"Channel {channel.name!r} may not {doing} as {principal!r}.")
+    return None
+
+
+def judge_key_channel(key_id: str | None, channel_name: str | None) -> Refusal | None:
+    """A response counts only from the channel whose key signed it: another channel's
+    broker user may not pass on (or replay) a response it did not sign. None: the
+    same channel."""
+    if key_id is not None and key_id == channel_name:
+        return None
+    return Refusal(
+        "wrong_channel",
+        f"The response is signed with channel {key_id!r}'s key but was sent by "
+        + (f"channel {channel_name!r}." if channel_name else "no channel."),
+    )
+
+
 # --- turns ------------------------------------------------------------------------
 
 
@@ -263,7 +309,7 @@ def may_name(channel: Channel, response: RespondToApproval) -> bool:
     channel can pass a person's answer off as a token's, or the other way round)."""
     if response.response_token is not None:
         return response.responder == token_responder(channel.name)
-    return not response.responder.startswith(TOKEN_RESPONDER_PREFIX) and channel.may_assert(response.responder)
+    return speaks_for(channel, response.responder)
 
 
 def token_hash(token: str) -> str:
@@ -422,6 +468,17 @@ def tally(policy: ApprovalPolicy, request: RequestOnRecord, decision: str) -> Ta
     return Tally(count, policy.approvals_required, decides=count >= policy.approvals_required)
 
 
+def starters_of(session_started_by: str | None, turn_started_by: str | None) -> frozenset[str]:
+    """Who started a call's session and its turn, as separation of duties sees them.
+    A turn that names no starter leaves its starter unknown (empty: `starter_unknown`)
+    even when the session's is known: otherwise a channel could open a turn in
+    someone else's session without saying for whom, and then approve its call as
+    the very person who asked for it."""
+    if turn_started_by is None:
+        return frozenset()
+    return frozenset(s for s in (session_started_by, turn_started_by) if s)
+
+
 def session_starter(current: str | None, turn_starter: str | None) -> str | None:
     """The session's starter is whoever started its first turn that names one."""
     return current or turn_starter
@@ -508,6 +565,36 @@ def stalls_the_turn(message_type: str, envelope: Mapping[str, Any], step: Step |
 # --- cancelling a turn ------------------------------------------------------------
 
 NOTHING_TO_CANCEL = Refusal("nothing_to_cancel", "The session has no open turn to cancel.")
+# The tools file's group whose principals may cancel any turn (docs/design.md, "Trust boundaries").
+OPERATORS_GROUP = "operators"
+
+
+def operators(catalogue: ToolCatalogue) -> frozenset[str]:
+    """Who may cancel any session's turn: the catalogue's group `operators` (nobody
+    when it declares none), read as it is now, like approvers."""
+    return frozenset(catalogue.groups.get(OPERATORS_GROUP, ()))
+
+
+def judge_canceller(
+    canceller: str,
+    starters: frozenset[str],
+    pending: Sequence[ApprovalPolicy],
+    operators: frozenset[str],
+) -> Refusal | None:
+    """Who may stop a turn: whoever started it or its session (`starters`), anyone
+    who may approve one of the session's pending requests (`pending`: their tools'
+    policies now; a tool that names no approvers lets anyone its channel vouches for
+    approve, so cancel too), or an operator. Anyone else could otherwise stop other
+    people's work in their own name. None: they may."""
+    if canceller in starters or canceller in operators:
+        return None
+    if any(policy.approvers is None or canceller in policy.approvers for policy in pending):
+        return None
+    return Refusal(
+        "may_not_cancel",
+        f"{canceller!r} neither started this session or its turn, nor may approve what it waits on, "
+        "nor is an operator; only they may cancel it.",
+    )
 
 
 def refuse_cancellation(open_turn_id: str | None, asked_turn_id: str | None) -> Refusal | None:

@@ -93,6 +93,7 @@ def transition(handler):
 
     async def within(ledger: Ledger, uow: UnitOfWork, message: Envelope) -> None:
         refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
+        refused = refused or _unspoken_for(ledger, message)
         # A turn may open a session; no other message, nor a refused turn, may.
         provider = None
         if isinstance(message, StartTurn) and refused is None:
@@ -128,6 +129,27 @@ def transition(handler):
 
     apply.within = within  # type: ignore[attr-defined]
     return apply
+
+
+def _unspoken_for(ledger: Ledger, message: Envelope) -> domain.Refusal | None:
+    """A turn's starter and a cancel's canceller must be principals the sending channel
+    may assert (`domain.judge_speaker`), judged before a refused turn could open a
+    session. Without broker identities every sender is one user: no channel is known,
+    and the names are taken as said (docs/design.md, "Trust boundaries")."""
+    if not ledger.check_senders:
+        return None
+    if isinstance(message, StartTurn):
+        principal, doing = message.started_by, "start a turn"
+    elif isinstance(message, CancelTurn):
+        principal, doing = message.cancelled_by, "cancel a turn"
+    else:
+        return None
+    return domain.judge_speaker(ledger.authority.channels, _sending_channel(ledger), principal, doing)
+
+
+def _sending_channel(ledger: Ledger) -> str | None:
+    """The channel whose broker user sent the message at hand (RabbitMQ vouches for it)."""
+    return ledger.topology.channel_of(sender.get())
 
 
 @transition
@@ -337,9 +359,10 @@ async def respond_to_approval(
     ledger: Ledger, uow: UnitOfWork, session: SessionState | None, response: RespondToApproval
 ) -> None:
     authority = ledger.authority
-    refused = domain.authenticate_response(
-        response, authority.channels, at=uow.now, window=authority.response_window
-    ) or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
+    refused = domain.authenticate_response(response, authority.channels, at=uow.now, window=authority.response_window)
+    if ledger.check_senders:
+        refused = refused or domain.judge_key_channel(response.key_id, _sending_channel(ledger))
+    refused = refused or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
     request, step = await reads.request_and_calls(uow, response.request_id, response.session_id, response.responder)
     refused = refused or domain.judge_response(request if session else None, response, at=uow.now)
     policy = (
@@ -577,6 +600,13 @@ async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | N
     is discarded when it reports, and the session says `cancelled` until a new turn."""
     turn_id, step, calls = await reads.open_turn(uow, command.session_id) if session else (None, None, [])
     refused = domain.refuse_cancellation(turn_id, command.turn_id)
+    if refused is None and session is not None and turn_id is not None:
+        starters = frozenset(s for s in (session.started_by, await reads.turn_starter(uow, turn_id)) if s)
+        pending = [
+            domain.approval_policy(ledger.catalogue, tool, escalated=escalated)
+            for tool, escalated in await reads.pending_tools(uow, session.id)
+        ]
+        refused = domain.judge_canceller(command.cancelled_by, starters, pending, domain.operators(ledger.catalogue))
     if refused:
         records.refusal(uow, session, command, refused)
         return

@@ -15,7 +15,7 @@ from sqlalchemy import Row, bindparam, func, select, union_all
 
 from shared.ledger.tables import TABLES
 
-from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend
+from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
 from .unit_of_work import SessionState, UnitOfWork
 
 STEPS = TABLES["steps"]
@@ -112,6 +112,12 @@ _OPEN_TURN = (
     .where(TURNS.c.session_id == bindparam("session_id"), TURNS.c.status == "running")
     .order_by(TURNS.c.created_at.desc())
     .limit(1)
+)
+_TURN_STARTER = select(TURNS.c.started_by).where(TURNS.c.id == bindparam("turn_id"))
+_PENDING_TOOLS = (
+    select(TOOL_CALLS.c.tool, APPROVAL_REQUESTS.c.escalated_at)
+    .select_from(APPROVAL_REQUESTS.join(TOOL_CALLS, TOOL_CALLS.c.id == APPROVAL_REQUESTS.c.call_id))
+    .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
 )
 _LATEST_STEP = (
     select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status)
@@ -218,7 +224,7 @@ async def request_and_calls(
         tool=first.request_tool,
         token_hash=first.response_token_hash,
         token_used=first.token_used_at is not None,
-        starters=frozenset(s for s in (first.session_started_by, first.turn_started_by) if s),
+        starters=starters_of(first.session_started_by, first.turn_started_by),
         approvals=first.approvals,
         approved_by_responder=bool(first.approved_by_responder),
         expires_at=first.request_expires_at,
@@ -246,6 +252,18 @@ async def open_turn(uow: UnitOfWork, session_id: str) -> tuple[str | None, Step 
     step = Step(row.id, row.session_id, row.turn_id, row.status)
     rows = await uow.db.execute(_CALLS_OF_STEP, {"step_id": step.id})
     return turn_id, step, [_call(r) for r in rows]
+
+
+async def turn_starter(uow: UnitOfWork, turn_id: str) -> str | None:
+    """Who the turn's channel said started it (None: nobody named)."""
+    found = await uow.read(_TURN_STARTER, {"turn_id": turn_id})
+    return found[0].started_by if found else None
+
+
+async def pending_tools(uow: UnitOfWork, session_id: str) -> list[tuple[str, bool]]:
+    """(tool, whether escalated) of each request the session waits on: who may approve them."""
+    rows = await uow.read(_PENDING_TOOLS, {"session_id": session_id})
+    return [(row.tool, row.escalated_at is not None) for row in rows]
 
 
 async def due_escalations(uow: UnitOfWork, at: datetime, limit: int = 100) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ async def start(console, session_id: str, started_by: str | None = None):
 
 
 def answer(console, requested, responder: str, decision: str = "approve", **fields) -> RespondToApproval:
-    """A response to the card, signed by the console's channel (the CLI, which may assert anyone)."""
+    """A response to the card, signed by the console's channel (the CLI's, registered for the tests' people)."""
     return console.sign(RespondToApproval(session_id=requested.session_id, request_id=requested.request_id,
                                           decision=decision, args_digest=requested.args_digest,
                                           responder=responder, **fields))

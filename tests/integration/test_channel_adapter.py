@@ -14,7 +14,7 @@ from tests.harness import next_event
 async def test_the_example_channel_adapter_approves_a_card_and_the_call_runs_once(deployment, sink):
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
     keys = deployment.data_dir / "keys"
-    keyring.create(keys, {"cli": ["*"], "inbox": ["alice"]})
+    keyring.create(keys, {"inbox": ["alice"]})
     deployment.start()
     url, _ = deployment.settings.amqp_login("channel.inbox")
     adapter = subprocess.Popen(

@@ -50,9 +50,10 @@ async def test_waiting_messages_commit_in_one_transaction_each_with_its_inbox_ro
         group = GroupCommit(ledger, lanes=1, bound=16)
         first, second = mint("ses"), mint("ses")
         messages = [
-            StartTurn(session_id=first, text="one"),
+            StartTurn(session_id=first, text="one", started_by="alice"),
             StartTurn(session_id=second, text="two"),
-            # Delivered after its session's turn.start: applied after it, so there is a turn to cancel.
+            # Delivered after its session's turn.start: applied after it, so there is a turn to cancel
+            # (by its starter: nobody else may cancel it).
             CancelTurn(session_id=first, reason="changed my mind", cancelled_by="alice"),
         ]
         assert await _applied_together(group, messages) == [None, None, None]

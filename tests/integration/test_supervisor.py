@@ -82,6 +82,7 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
     base = next(p for p in iter(free_port, None) if p < 65000 and all(port_free(p + i) for i in range(4)))
     deployment.extra_env["SIGNOFF_METRICS_PORT"] = str(base)
     logs = deployment.data_dir / "up-logs"
+    deployment.setup()  # the tests' people registered for the CLI's channel before the ledger reads channels.yaml
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)

@@ -27,7 +27,7 @@ async def test_forged_stale_replayed_and_unauthorized_responses_are_refused_and_
 ):
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
     # A second channel that may speak for alice only.
-    keyring.create(deployment.settings.keys_path, {"cli": ["*"], "chat": ["alice"]})
+    keyring.create(deployment.settings.keys_path, {"chat": ["alice"]})
     chat = keyring.channel_private_key(deployment.settings.keys_path, "chat")
     deployment.start()
     session_id = mint("ses")

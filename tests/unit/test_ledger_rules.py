@@ -729,3 +729,100 @@ def test_a_turn_ends_once_its_provider_tokens_reach_the_bound_and_a_zero_bound_i
     reached = turn_bound_reached(TurnBounds(steps=0, tokens=100), TurnSpend(50, 50, 100), "")
     assert reached is not None and reached.bound == "tokens" and "bound of 100 provider tokens" in reached.text
     assert turn_bound_reached(TurnBounds(steps=0, tokens=0), TurnSpend(10**6, 10**6, 10**9), "") is None
+# --- whom a channel speaks for (docs/design.md, "Trust boundaries") -------------------
+
+SPEAKERS = {"inbox": Channel("inbox", CHANNEL_KEY.public_key(), ("alice",)),
+            "cli": Channel("cli", CHANNEL_KEY.public_key(), ("root", "bob"))}
+
+
+def speaker(channel_name, principal, doing="start a turn"):
+    refused = domain.judge_speaker(SPEAKERS, channel_name, principal, doing)
+    return refused.reason_code if refused else None
+
+
+def test_a_channel_may_start_or_cancel_a_turn_only_as_a_principal_it_is_registered_for():
+    assert speaker("inbox", "alice") is None
+    assert speaker("cli", "bob", "cancel a turn") is None
+    refused = domain.judge_speaker(SPEAKERS, "inbox", "carol", "start a turn")
+    assert (refused.reason_code, refused.reason_text) == (
+        "wrong_principal", "Channel 'inbox' may not start a turn as 'carol'.")
+    assert speaker("inbox", "bob", "cancel a turn") == "wrong_principal"
+
+
+def test_a_turn_that_names_no_starter_is_not_refused_for_it_its_starter_stays_unknown():
+    assert speaker("inbox", None) is None
+
+
+def test_a_sender_that_is_no_registered_channel_speaks_for_nobody_and_no_channel_may_name_a_token():
+    refused = domain.judge_speaker(SPEAKERS, "stranger", "alice", "start a turn")
+    assert (refused.reason_code, refused.reason_text) == (
+        "wrong_principal", "'stranger' is no registered channel; it may not start a turn.")
+    assert speaker(None, "alice") == "wrong_principal"
+    anyone = {"cli": Channel("cli", CHANNEL_KEY.public_key(), ("*",))}
+    assert domain.judge_speaker(anyone, "cli", "token:cli", "cancel a turn").reason_code == "wrong_principal"
+
+
+def test_a_response_counts_only_from_the_channel_whose_key_signed_it():
+    assert domain.judge_key_channel("inbox", "inbox") is None
+    refused = domain.judge_key_channel("inbox", "cli")
+    assert (refused.reason_code, refused.reason_text) == (
+        "wrong_channel", "The response is signed with channel 'inbox''s key but was sent by channel 'cli'.")
+    assert domain.judge_key_channel("inbox", None).reason_code == "wrong_channel"
+    assert domain.judge_key_channel(None, None).reason_code == "wrong_channel"
+
+
+def test_a_turn_that_names_no_starter_leaves_its_calls_starter_unknown_even_in_a_session_someone_started():
+    assert domain.starters_of("sam", "sam") == frozenset({"sam"})
+    assert domain.starters_of("sam", "tia") == frozenset({"sam", "tia"})
+    assert domain.starters_of(None, "tia") == frozenset({"tia"})
+    assert domain.starters_of("sam", None) == frozenset()
+    refused = domain.judge_approver(SEPARATED, pending(starters=domain.starters_of("sam", None)),
+                                    answer(responder="alice"))
+    assert refused.reason_code == "starter_unknown"
+
+
+OPERATORS_CATALOGUE = ToolCatalogue.model_validate({
+    "groups": {"finance": ["ann", "bob"], "operators": ["olga"]},
+    "tools": [{"name": "pay", "label": "Pay", "approvers": ["group:finance"]}, {"name": "open", "label": "Open"}]})
+
+
+def canceller(who, starters=frozenset({"sam"}), pending_tools=(), catalogue=OPERATORS_CATALOGUE):
+    policies = [domain.approval_policy(catalogue, tool, escalated=escalated) for tool, escalated in pending_tools]
+    refused = domain.judge_canceller(who, starters, policies, domain.operators(catalogue))
+    return refused.reason_code if refused else None
+
+
+def test_the_operators_are_the_tools_files_group_operators_and_nobody_without_one():
+    assert domain.operators(OPERATORS_CATALOGUE) == frozenset({"olga"})
+    assert domain.operators(APPROVERS_CATALOGUE) == frozenset()
+
+
+def test_the_starter_of_the_session_or_its_turn_and_an_operator_may_cancel_it():
+    assert canceller("sam") is None
+    assert canceller("tia", starters=frozenset({"sam", "tia"})) is None
+    assert canceller("olga") is None
+    assert canceller("olga", starters=frozenset()) is None
+
+
+def test_an_approver_of_a_pending_request_may_cancel_and_anyone_else_may_not():
+    assert canceller("ann", pending_tools=[("pay", False)]) is None
+    refused = domain.judge_canceller("alice", frozenset({"sam"}), [domain.approval_policy(OPERATORS_CATALOGUE, "pay")],
+                                     frozenset({"olga"}))
+    assert refused.reason_code == "may_not_cancel"
+    assert refused.reason_text == ("'alice' neither started this session or its turn, nor may approve what it waits "
+                                   "on, nor is an operator; only they may cancel it.")
+    # Nothing pending (the turn runs): only its starters and the operators.
+    assert canceller("ann") == "may_not_cancel"
+    # A tool that names no approvers lets anyone its channel vouches for approve, so cancel.
+    assert canceller("alice", pending_tools=[("open", False)]) is None
+    # A tool gone from the catalogue: nobody may approve it, so nobody cancels by it.
+    assert canceller("ann", pending_tools=[("gone", False)]) == "may_not_cancel"
+
+
+def test_once_a_request_is_escalated_its_escalation_group_may_cancel_too():
+    catalogue = ToolCatalogue.model_validate({
+        "groups": {"leads": ["lee"]},
+        "tools": [{"name": "pay", "label": "Pay", "approvers": ["ann"],
+                   "escalation": {"after_seconds": 60, "to": ["group:leads"]}}]})
+    assert canceller("lee", pending_tools=[("pay", False)], catalogue=catalogue) == "may_not_cancel"
+    assert canceller("lee", pending_tools=[("pay", True)], catalogue=catalogue) is None
