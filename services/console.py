@@ -31,7 +31,7 @@ from shared.ledger.tables import (
     Turn,
 )
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
-from shared.provisioning import provision_broker, provision_database
+from shared.provisioning import provision_broker, provision_database, provision_redis
 from shared.redaction import redact_text, redact_value
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
@@ -128,11 +128,13 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
 def setup(settings: Settings) -> int:
     """Everything a deployment needs before its services start, made if missing
     (idempotent): its keys, (with broker identities) a RabbitMQ user per service
-    and channel with its permissions, the namespace's topology, and on PostgreSQL
+    and channel with its permissions, the namespace's topology, a Redis user for
+    each service that uses Redis (its own keys only), and on PostgreSQL
     a role per service with its grants and the migrated schema.
     Says what it did."""
     done = keyring.create(settings.keys_path, {settings.channel: ["*"]})
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
+    done += asyncio.run(provision_redis(settings))
     done += asyncio.run(provision_database(settings))
     for line in done:
         print(f"signoff setup: {line}")
