@@ -337,6 +337,16 @@ MUTATIONS = [
    "            raise _Refused(refusal)\n",
    "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
+  ("a Redis seen mark skips a command (the old seen-skip restored)", "shared/consuming.py",
+   "        logs.concerning(message)\n        counted = ",
+   "        logs.concerning(message)\n"
+   "        from redis.asyncio import Redis\n"
+   "        async with Redis.from_url(__import__('os').environ.get('SIGNOFF_REDIS_URL', 'redis://localhost:6379/0')) as r:\n"
+   "            if await r.exists(f'{self.topology.namespace}:seen:{self.consumer}:{message.message_id}'):\n"
+   "                await raw.ack()\n"
+   "                return 'duplicate'\n"
+   "        counted = ",
+   "tests/integration/test_redis_lies.py::test_a_redis_writer_marking_the_approved_call_and_the_next_step_as_seen_drops_neither[sqlite]"),
 ]
 
 
