@@ -8,8 +8,12 @@ by default `<data dir>/keys`), made once by `signoff setup`.
 | `digest.key` | approval-ledger | HMAC key of request digests |
 | `channels.yaml` | approval-ledger | each channel's public key and the principals it may assert |
 | `channels/<name>.key` | that channel (the CLI: `cli`) | the channel's Ed25519 private key |
+| `rabbitmq/<name>.password` | that service or channel (`channel.<name>`) | its broker password |
+| `postgres/<name>.password` | that service (PostgreSQL only) | its database role's password |
+| `redis/<name>.password` | that service (the executor alone uses Redis) | its Redis ACL user's password |
 
-A container is given only the files its service holds. Nothing here is a secret
+A container is given only the files its service holds (`HELD_BY`); so is each
+service under `signoff up` run as root (services/service_users.py). Nothing here is a secret
 in a log: only public keys are ever printed.
 """
 
@@ -36,6 +40,27 @@ LEDGER_KEY = "ledger.key"
 LEDGER_PUBLIC_KEY = "ledger.pub"
 DIGEST_KEY = "digest.key"
 CHANNELS = "channels.yaml"
+
+# The files of the keys folder each service reads, and no other: what a container
+# mounts, a Kubernetes Secret holds, and `signoff up` (as root) copies for it.
+# Passwords of a store not in use (PostgreSQL on SQLite) are simply absent.
+HELD_BY: dict[str, tuple[str, ...]] = {
+    "approval-ledger": (
+        LEDGER_KEY,
+        DIGEST_KEY,
+        CHANNELS,
+        "rabbitmq/approval-ledger.password",
+        "postgres/approval-ledger.password",
+    ),
+    "publisher": ("rabbitmq/publisher.password", "postgres/publisher.password"),
+    "model-step": ("rabbitmq/model-step.password",),
+    "tool-executor": (
+        LEDGER_PUBLIC_KEY,
+        "rabbitmq/tool-executor.password",
+        "postgres/tool-executor.password",
+        "redis/tool-executor.password",
+    ),
+}
 
 
 class MissingKey(SystemExit):

@@ -75,8 +75,8 @@ def readyz(url: str) -> int:
 
 
 async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_response_is_applied_once(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        up_pg_deployment, sink):
+    deployment = up_pg_deployment
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="tok")
     # Four metrics ports in a row, one per child: the first of four free ones.
     base = next(p for p in iter(free_port, None) if p < 65000 and all(port_free(p + i) for i in range(4)))
@@ -113,9 +113,9 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
     assert all(gone(pid) for s in SERVICES for pid in ready_pids(logs, s)), "Ctrl-C left a service running"
 
 
-def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(sqlite_deployment):
+def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(up_sqlite_deployment):
     # What `make run` runs, with its own tools and script (deploy/), on SQLite, the default.
-    env = {k: v for k, v in sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
+    env = {k: v for k, v in up_sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
     demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(demo)
@@ -126,10 +126,10 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         text = output.text
         assert "approval needed: Publish a blog post" in text and "request:   apr_" in text
         assert "tool ran once and closed as output" in text and "final answer: Done" in text
-        assert list((sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
+        assert list((up_sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 0, output.text
-    logs = sqlite_deployment.data_dir / "logs"
+    logs = up_sqlite_deployment.data_dir / "logs"
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
     assert len(pids) == 4 and all(gone(pid) for pid in pids), "Ctrl-C left a service running"
