@@ -25,7 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", help="run all four services as child processes until Ctrl-C")
     up.add_argument("--log-dir", type=Path, help="where each service's log goes (default: <data dir>/logs)")
 
-    commands.add_parser("setup", help="make this deployment's keys (idempotent; says what it did)")
+    setup = commands.add_parser("setup", help="make this deployment's keys (idempotent; says what it did)")
+    setup.add_argument(
+        "--hand-out",
+        type=Path,
+        metavar="FOLDER",
+        help="also copy each service's own key files into FOLDER/<service>/ (one volume per container)",
+    )
     commands.add_parser("migrate", help="bring the ledger's schema up to date")
     commands.add_parser("demo", help="run the services and drive one session through an approval")
 
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             check_reachable(settings, only=("PostgreSQL",))
 
         if args.command == "setup":
-            return console.setup(settings)
+            return console.setup(settings, args.hand_out)
         if args.command == "migrate":
             return asyncio.run(console.migrate_only(settings))
         if args.command == "demo":

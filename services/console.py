@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 import aio_pika
@@ -125,7 +126,7 @@ def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
     print(f"  └ digest:    {digest}")
 
 
-def setup(settings: Settings) -> int:
+def setup(settings: Settings, hand_out: Path | None = None) -> int:
     """Everything a deployment needs before its services start, made if missing
     (idempotent): its keys, (with broker identities) a RabbitMQ user per service
     and channel with its permissions, the namespace's topology, a Redis user for
@@ -136,6 +137,11 @@ def setup(settings: Settings) -> int:
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
     done += asyncio.run(provision_redis(settings))
     done += asyncio.run(provision_database(settings))
+    if hand_out is not None:
+        # Each container mounts only its own folder (docker-compose.yml): no service reads another's keys.
+        for service in keyring.HELD_BY:
+            files = keyring.hand_out(settings.keys_path, service, hand_out / service)
+            done.append(f"{service}'s own keys in {hand_out / service}: {', '.join(f.name for f in files)}")
     for line in done:
         print(f"signoff setup: {line}")
     return 0

@@ -173,18 +173,9 @@ def hand_out_keys(settings: Settings, account: Account) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(mode=0o700)
-    for name in keyring.HELD_BY[account.service]:
-        if not (source / name).exists():
-            continue  # a store not in use (PostgreSQL's passwords on SQLite)
-        target = folder / name
-        for made in reversed([p for p in target.parents if p != folder and folder in p.parents]):
-            made.mkdir(mode=0o700, exist_ok=True)
-            os.chown(made, account.uid, account.gid)
-        # Copied by the kernel (copy_file_range), 0600 from the start.
-        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as handle, open(source / name, "rb") as original:
-            shutil.copyfileobj(original, handle)
-        os.chown(target, account.uid, account.gid)
+    for target in keyring.hand_out(source, account.service, folder):
+        for owned in [target, *(p for p in target.parents if folder in p.parents)]:
+            os.chown(owned, account.uid, account.gid)
     os.chown(folder, account.uid, account.gid)
     return folder
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,28 @@ def channels(keys_dir: Path) -> dict[str, Channel]:
 
 def channel_private_key(keys_dir: Path, name: str) -> Ed25519PrivateKey:
     return load_private_key(_read(keys_dir / "channels" / f"{name}.key"))
+
+
+def hand_out(keys_dir: Path, service: str, folder: Path) -> list[Path]:
+    """Copy the files `service` holds (HELD_BY) into `folder` (its container's keys
+    volume, or its own folder under `signoff up`): mode 0700 folders, 0600 files,
+    each replaced whole. The files written; those of a store not in use are skipped."""
+    written = []
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in HELD_BY[service]:
+        source = keys_dir / name
+        if not source.exists():
+            continue
+        target = folder / name
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle, open(source, "rb") as original:
+            shutil.copyfileobj(original, handle)
+        partial.replace(target)
+        written.append(target)
+    return written
 
 
 def _write_secret(path: Path, data: bytes) -> None:
