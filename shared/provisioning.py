@@ -136,7 +136,24 @@ async def provision_redis(settings: Settings) -> list[str]:
     if not settings.redis_identities:
         return ["no Redis identities (SIGNOFF_REDIS_IDENTITIES=false): services log in as SIGNOFF_REDIS_URL's user"]
     from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as Unreached
+    from redis.exceptions import ResponseError
 
+    try:
+        return await _redis_users(settings, Redis)
+    except Unreached as error:
+        raise SystemExit(
+            f"signoff setup: cannot reach Redis ({error}); start it (`redis-server --daemonize yes`) "
+            "or set SIGNOFF_REDIS_URL"
+        ) from None
+    except ResponseError as error:
+        raise SystemExit(
+            f"signoff setup: Redis refused to make its users ({str(error)[:200]}): it needs Redis 6 or later and "
+            "SIGNOFF_REDIS_URL's user must be its administrator (or set SIGNOFF_REDIS_IDENTITIES=false)"
+        ) from None
+
+
+async def _redis_users(settings: Settings, Redis) -> list[str]:
     done = []
     async with Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5) as redis:
         for name in REDIS_COMMANDS:
