@@ -54,7 +54,8 @@ HELD_BY: dict[str, tuple[str, ...]] = {
         "postgres/approval-ledger.password",
     ),
     "publisher": ("rabbitmq/publisher.password", "postgres/publisher.password"),
-    "model-step": ("rabbitmq/model-step.password",),
+    # Its database role reads the transcript a step names (claim-check), nothing else.
+    "model-step": ("rabbitmq/model-step.password", "postgres/model-step.password"),
     "tool-executor": (
         LEDGER_PUBLIC_KEY,
         "rabbitmq/tool-executor.password",
