@@ -86,7 +86,7 @@ async def test_the_executors_redis_user_reaches_only_its_own_leases(sqlite_deplo
             with pytest.raises(NoPermissionError):
                 await executor.execute_command(*command)
         # A script may touch only its user's keys too.
-        with pytest.raises(ResponseError, match="(?i)no permission|noperm"):
+        with pytest.raises(ResponseError, match=r"(?i)no permission|noperm"):
             await executor.eval("return redis.call('get', KEYS[1])", 1, "other:lease:call_1")
     wrong = settings.redis_login("tool-executor").replace(f"{namespace}.tool-executor:", f"{namespace}.tool-executor:x")
     with pytest.raises(AuthenticationError):

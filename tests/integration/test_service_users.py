@@ -90,8 +90,9 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
             assert env["SIGNOFF_KEYS_DIR"] == str(copies / service)
         # In particular: the model-step (the agent's side) reads neither the CLI channel's key nor the ledger's.
         model = user_of("model-step")
-        assert readable_by(model, [str(keys / "channels" / "cli.key"), str(keys / keyring.LEDGER_KEY),
-                                   str(keys / keyring.DIGEST_KEY), str(copies / "approval-ledger" / "ledger.key")]) == []
+        forbidden = [keys / "channels" / "cli.key", keys / keyring.LEDGER_KEY, keys / keyring.DIGEST_KEY,
+                     copies / "approval-ledger" / keyring.LEDGER_KEY, copies / "approval-ledger" / keyring.DIGEST_KEY]
+        assert readable_by(model, [str(p) for p in forbidden]) == []
         # And the approval still goes through, end to end.
         async with deployment.console() as console:
             events, requested = await start_and_wait_for_approval(console, mint("ses"))
@@ -105,7 +106,27 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
     assert "single-user development deployment" not in output.text
 
 
-def test_signoff_up_as_an_ordinary_user_says_it_is_a_single_user_development_deployment(capsys):
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an ordinary user")
+def test_signoff_up_as_an_ordinary_user_runs_one_user_and_says_it_is_a_single_user_development_deployment():
     from services.service_users import single_user_warning
+    from services.supervisor import Supervisor
+    from shared.settings import Settings
 
-    assert "single-user development deployment" in single_user_warning()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # as `nobody`: what an ordinary user's `signoff up` decides and says
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            said = f"{Supervisor(Settings()).isolated}|{single_user_warning()}"
+            os.write(write, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    isolated, warning = os.read(read, 65536).decode().split("|", 1)
+    assert isolated == "False", "an ordinary user's services all run as that user"
+    assert warning.startswith("signoff: running as nobody, not root: this is a single-user development deployment")
+    assert "Run `signoff up` as root" in warning
+    assert Supervisor(Settings()).isolated, "as root, each service its own user"
