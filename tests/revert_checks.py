@@ -355,6 +355,10 @@ MUTATIONS = [
    '    env = {k: v for k, v in environ.items() if k in PLAIN_ENVIRONMENT or k.startswith("LC_")}',
    "    env = dict(environ)",
    "tests/integration/test_service_users.py::test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only_its_own_keys_and_secrets"),
+  ("compose: the model-step mounts the folder of every key", "docker-compose.yml",
+   "    volumes: [keys-model-step:/keys:ro]",
+   "    volumes: [signoff-keys:/keys:ro]",
+   "tests/unit/test_compose_isolation.py"),
 ]
 
 
