@@ -133,7 +133,9 @@ class Inbound:
                 await self.dead_letter(
                     raw,
                     DELIVERY_LIMIT,
-                    f"failed on all {delivered_before + 1} deliveries; the last error: {type(error).__name__}: {error}",
+                    f"failed on all {delivered_before + 1} deliveries (the first and the"
+                    f" {self.topology.delivery_limit} redeliveries SIGNOFF_DELIVERY_LIMIT allows);"
+                    f" the last error: {type(error).__name__}: {error}",
                 )
                 return "dead_lettered"
             log.exception("%s: handling %s failed; it will be redelivered", self.consumer, message.message_id)

@@ -342,10 +342,12 @@ class OperatorAlerted(Envelope):
     """Something only a person can settle: e.g. an outward call whose outcome is unknown (invariant 4)."""
 
     type: Literal["operator.alerted"] = "operator.alerted"
-    call_id: Identifier
-    tool: str
+    # The call it concerns; None for an alert about a whole turn (it reached its bound).
+    call_id: Identifier | None = None
+    tool: str = ""
     reason_code: str
     reason_text: str
+    turn_id: Identifier | None = None
 
 
 class TurnCompleted(Envelope):

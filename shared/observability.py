@@ -84,6 +84,11 @@ CALLS_CLOSED = Counter(
     "cancelled, outcome_unknown, ...)",
     ["tool", "outcome"],
 )
+TURNS_BOUNDED = Counter(
+    "signoff_turns_bounded_total",
+    "Turns the ledger ended because they reached their bound (step_limit), by which bound: steps or tokens",
+    ["bound"],
+)
 DEAD_LETTERS = Counter(
     "signoff_dead_letters_total",
     "Parked messages the ledger was told about (every one, whoever parked it), by type (unreadable: "

@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     # a marker saying so; the ledger keeps it whole (the call's closure).
     tool_output_model_chars: int = 16_000
     # Quorum queues on RabbitMQ 3.10 have no default delivery limit: a message
-    # that keeps failing would loop forever without one.
+    # that keeps failing would loop forever without one. It counts redeliveries: a
+    # message is tried once, then at most this many times more, then parked.
     delivery_limit: int = 20
     # The inbound queues' type: "quorum" (replicated; RabbitMQ counts deliveries and
     # parks at the limit) or "classic" (version 2; less broker CPU per message, one
@@ -79,6 +80,12 @@ class Settings(BaseSettings):
     retention_sweep_seconds: float = 60.0
     # How often the ledger links new audit entries into the global chain (services/approval_ledger/audit.py).
     audit_link_seconds: float = 0.5
+    # The most model steps one turn may take, and the most provider tokens (input and
+    # output, every attempt) it may spend; a turn that reaches either ends as failed
+    # (`step_limit`) with an operator alert, instead of calling the provider forever
+    # (a model that keeps asking for a tool that does not exist). 0: no bound.
+    turn_max_steps: int = 100
+    turn_max_tokens: int = 2_000_000
     # How long the ledger's authorization on a `tool.execute` holds.
     authorization_ttl_seconds: float = 24 * 3600.0
     # Each service and channel connects to RabbitMQ as its own user, with only the

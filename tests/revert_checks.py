@@ -337,6 +337,23 @@ MUTATIONS = [
    "            raise _Refused(refusal)\n",
    "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
+  ("a turn calls the provider forever: no bound on its model steps", "services/approval_ledger/handlers.py",
+   "        if reached is not None:\n            for entry in resumed.entries:",
+   "        if False:\n            for entry in resumed.entries:",
+   "tests/integration/test_turn_bounds.py"),
+  ("on SQLite a second publisher relays beside the first", "services/publisher/main.py",
+   "    relay_lock = None if settings.is_postgres else only_relay(settings)",
+   "    relay_lock = None",
+   "tests/integration/test_publisher.py::test_on_sqlite_a_second_publisher_refuses_to_start_naming_the_one_that_relays"),
+  ("the demo's scripted model says 'Done' after a person denied the call", "services/model_step/providers.py",
+   "        text = reply.said_after(transcript)",
+   "        text = reply.text",
+   "tests/unit/test_scripted_provider.py"),
+  ("the ledger logs nothing per transition at INFO", "services/approval_ledger/handlers.py",
+   "            # One line per transition at INFO, once it is durable (a refusal logs its own).\n            when_committed(",
+   "            (lambda _: None)(",
+   "tests/integration/test_structured_logs.py::"
+   "test_following_one_session_by_its_id_at_info_shows_each_ledger_transition_and_each_model_step"),
   ("a Redis seen mark skips a command (the old seen-skip restored)", "shared/consuming.py",
    "        logs.concerning(message)\n        counted = ",
    "        logs.concerning(message)\n"
@@ -362,6 +379,34 @@ MUTATIONS = [
 ]
 
 
+# A failure of these kinds says the revert broke the tree (an import, a name, a
+# fixture), not that a test saw the invariant broken: it is not counted as caught.
+BROKEN_TREE = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "NameError")
+
+
+def failures(report: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The named tests' failures in a JUnit report: (failed on a check, broken tree or setup).
+    A test counts as catching a revert only if its own body failed (a `failure`, not a
+    setup `error` or a collection error) with something other than a broken import."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not report.exists():
+        return [], [("(no report)", "pytest did not run the tests")]
+    failed: list[tuple[str, str]] = []
+    broken: list[tuple[str, str]] = []
+    for case in ElementTree.parse(report).iter("testcase"):
+        test = f"{case.get('classname', '')}::{case.get('name', '')}"
+        for element in case:
+            message = (element.get("message") or element.get("type") or "").splitlines()[0][:160] if (
+                element.get("message") or element.get("type")) else ""
+            if element.tag == "failure":
+                kind = message.split(":")[0].strip()
+                (broken if kind in BROKEN_TREE else failed).append((test, message))
+            elif element.tag == "error":
+                broken.append((test, f"error, not a failed check: {message}"))
+    return failed, broken
+
+
 def main(argv: list[str]) -> int:
     only = {int(i) for i in argv}
     toothless = 0
@@ -379,15 +424,22 @@ def main(argv: list[str]) -> int:
                     toothless += 1
                     continue
                 target.write_text(text.replace(old, new, 1))
+                report = Path(scratch) / f"report-{index}.xml"
                 try:
-                    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", *tests.split()], cwd=root,
-                                         capture_output=True, text=True, timeout=900)
+                    run = subprocess.run(
+                        [sys.executable, "-m", "pytest", "-q", "-x", f"--junitxml={report}", *tests.split()],
+                        cwd=root, capture_output=True, text=True, timeout=900,
+                    )
                 finally:
                     subprocess.run(["git", "checkout", "-q", path], cwd=root, check=True)
-                caught = run.returncode != 0
+                failed, broken = failures(report)
+                caught = bool(failed) and not broken
                 toothless += not caught
                 last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
-                print(f"{index:2d} {name}: {'caught' if caught else 'NOT CAUGHT'} ({last})", flush=True)
+                verdict = "caught" if caught else "NOT CAUGHT"
+                print(f"{index:2d} {name}: {verdict} ({last})", flush=True)
+                for test, why in failed + broken:
+                    print(f"       {test}: {why}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(root)], cwd=PROJECT, check=False)
     print("every reverted fix was caught" if not toothless else f"{toothless} reverted fix(es) not caught")

@@ -575,6 +575,47 @@ class Resumption:
     entries: list[TranscriptEntry] | None = field(default=None)
 
 
+@dataclass(frozen=True)
+class TurnBounds:
+    """How far one turn may go (SIGNOFF_TURN_MAX_STEPS, SIGNOFF_TURN_MAX_TOKENS; 0: no bound)."""
+
+    steps: int = 100
+    tokens: int = 2_000_000
+
+
+@dataclass(frozen=True)
+class TurnSpend:
+    """What a turn has used so far: its model steps, the provider calls they made, and their tokens."""
+
+    steps: int
+    provider_calls: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class BoundReached:
+    bound: Literal["steps", "tokens"]
+    text: str
+
+
+STEP_LIMIT = "step_limit"
+
+
+def turn_bound_reached(bounds: TurnBounds, spent: TurnSpend, last_words: str) -> BoundReached | None:
+    """Whether a turn whose step is done may ask for another. A model that keeps
+    asking for a tool that does not exist (each call closed at once) would otherwise
+    call, and bill, the provider forever. The model's last words are kept in the reason."""
+    said = f" The model's last words: {last_words[:500]!r}." if last_words else ""
+    spent_text = f"{spent.steps} model steps, {spent.provider_calls} provider calls, {spent.tokens} tokens"
+    if bounds.steps and spent.steps >= bounds.steps:
+        return BoundReached("steps", f"The turn reached its bound of {bounds.steps} model steps ({spent_text}).{said}")
+    if bounds.tokens and spent.tokens >= bounds.tokens:
+        return BoundReached(
+            "tokens", f"The turn reached its bound of {bounds.tokens} provider tokens ({spent_text}).{said}"
+        )
+    return None
+
+
 # How much of a tool's result the model reads by default (SIGNOFF_TOOL_OUTPUT_MODEL_CHARS).
 OUTPUT_LIMIT = 16_000
 

@@ -27,6 +27,7 @@ from shared.messages import (
     ModelStepCompleted,
     OperatorAlerted,
     ProposedToolCall,
+    ProviderAttempt,
     RefuseExecution,
     RespondToApproval,
     StartTurn,
@@ -41,11 +42,13 @@ from shared.observability import (
     APPROVAL_OUTCOMES,
     LEDGER_TRANSACTION,
     TIME_TO_DECISION,
+    TURNS_BOUNDED,
     counting_on_commit,
     timed,
     tool_label,
     when_committed,
 )
+from shared.redaction import redact_text
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
@@ -70,6 +73,8 @@ class Ledger:
     approval_timeout: float = 24 * 3600.0
     # How much of a tool's result the model reads (the closure keeps all of it).
     tool_output_model_chars: int = domain.OUTPUT_LIMIT
+    # How far one turn may go before it ends as `step_limit`.
+    turn_bounds: domain.TurnBounds = field(default_factory=domain.TurnBounds)
     # This ledger process's run, recorded on each request it commits (provenance).
     run_id: str = field(default_factory=lambda: mint("run"))
 
@@ -97,6 +102,17 @@ def transition(handler):
             records.refusal(uow, session, message, refused)
         else:
             await handler(ledger, uow, session, message)
+            # One line per transition at INFO, once it is durable (a refusal logs its own).
+            when_committed(
+                functools.partial(
+                    log.info,
+                    "applied %s %s: session %s is %s",
+                    message.type,
+                    message.message_id,
+                    message.session_id,
+                    session.status if session is not None else "unknown",
+                )
+            )
 
     @functools.wraps(handler)
     async def apply(ledger: Ledger, message: Envelope) -> None:
@@ -175,7 +191,69 @@ async def model_step_completed(
     earlier = await reads.pending_request_ids(uow, session.id) if loaded.session_waits else []
     pending = await _plan_and_record_calls(ledger, uow, session, calls, earlier, report)
     resumed = domain.resume(calls, session_waits=bool(pending), output_limit=ledger.tool_output_model_chars)
-    await records.resumption(uow, session, step.turn_id, resumed, ledger.catalogue, report)
+    await _resume(
+        ledger, uow, session, step.turn_id, resumed, report, last_words=report.text, spent_now=judged.attempts
+    )
+
+
+async def _resume(
+    ledger: Ledger,
+    uow: UnitOfWork,
+    session: SessionState,
+    turn_id: str,
+    resumed: domain.Resumption,
+    cause: Envelope | None,
+    *,
+    last_words: str = "",
+    spent_now: tuple[tuple[ProviderAttempt, str], ...] = (),
+) -> None:
+    """The step's calls as this transition leaves them; a step done asks for the next
+    one, unless the turn reached its bound: then it ends (`step_limit`), an operator
+    is told, and the provider is not called again. `spent_now`: the provider attempts
+    this transition records (not yet in the rows it reads)."""
+    if resumed.entries is not None and (ledger.turn_bounds.steps or ledger.turn_bounds.tokens):
+        stored = await reads.turn_spend(uow, session.id, turn_id)
+        spent = domain.TurnSpend(
+            stored.steps,
+            stored.provider_calls + len(spent_now),
+            stored.tokens + sum(a.usage.input_tokens + a.usage.output_tokens for a, _ in spent_now),
+        )
+        reached = domain.turn_bound_reached(ledger.turn_bounds, spent, last_words)
+        if reached is not None:
+            for entry in resumed.entries:
+                records.append(uow, session, entry)
+            _end_bounded_turn(uow, session, turn_id, reached, cause)
+            return
+    await records.resumption(uow, session, turn_id, resumed, ledger.catalogue, cause)
+
+
+def _end_bounded_turn(
+    uow: UnitOfWork, session: SessionState, turn_id: str, reached: domain.BoundReached, cause: Envelope | None
+) -> None:
+    causation = cause.message_id if cause is not None else None
+    records.end_turn(
+        uow,
+        session,
+        TurnFailed(
+            session_id=session.id,
+            causation_id=causation,
+            turn_id=turn_id,
+            reason_code=domain.STEP_LIMIT,
+            reason_text=reached.text,
+        ),
+    )
+    uow.emit(
+        session,
+        OperatorAlerted(
+            session_id=session.id,
+            causation_id=causation,
+            turn_id=turn_id,
+            reason_code=domain.STEP_LIMIT,
+            reason_text=redact_text(reached.text),
+        ),
+    )
+    when_committed(TURNS_BOUNDED.labels(reached.bound).inc)
+    log.warning("turn %s of session %s ended at its bound: %s", turn_id, session.id, reached.bound)
 
 
 def _new_call(session: SessionState, step: domain.Step, proposed: ProposedToolCall) -> domain.Call:
@@ -319,7 +397,7 @@ async def _decide(
     else:
         records.closure(uow, session, call, domain.closure_of_denial(response.reason), response)
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, response)
+    await _resume(ledger, uow, session, call.turn_id, resumed, response)
 
 
 @transition
@@ -366,7 +444,7 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         records.operator_alert(uow, session, call, closed, report)
     session.updated_at = uow.now
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, report)
+    await _resume(ledger, uow, session, call.turn_id, resumed, report)
 
 
 @transition
@@ -436,7 +514,7 @@ async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> b
         resumed = domain.resume(
             step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars
         )
-        await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, None)
+        await _resume(ledger, uow, session, call.turn_id, resumed, None)
         await uow.commit()
         return True
 

@@ -19,6 +19,7 @@ from . import handlers
 from .audit import link_forever
 from .authority import Authority
 from .backlog import measure_forever
+from .domain import TurnBounds
 from .group_commit import GroupCommit
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
@@ -60,6 +61,7 @@ async def run(settings: Settings) -> None:
         approval_timeout=settings.approval_timeout_seconds,
         tool_output_model_chars=settings.tool_output_model_chars,
         default_provider=settings.provider,
+        turn_bounds=TurnBounds(steps=settings.turn_max_steps, tokens=settings.turn_max_tokens),
         notify_channel=notify_channel(settings),
     )
     # Transitions wait in the lanes, not in the pool: no more transactions at once

@@ -15,7 +15,7 @@ from sqlalchemy import Row, bindparam, func, select, union_all
 
 from shared.ledger.tables import TABLES
 
-from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step
+from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend
 from .unit_of_work import SessionState, UnitOfWork
 
 STEPS = TABLES["steps"]
@@ -261,6 +261,29 @@ async def response_used(uow: UnitOfWork, response_id: str) -> bool:
 async def pending_request_ids(uow: UnitOfWork, session_id: str) -> list[str]:
     """The session's pending requests as stored before this transition, oldest first."""
     return [row.id for row in await uow.read(_PENDING, {"session_id": session_id})]
+
+
+_ATTEMPTS = TABLES["provider_attempts"]
+_OF_TURN = (STEPS.c.session_id == bindparam("session_id"), STEPS.c.turn_id == bindparam("turn_id"))
+_TURN_SPEND = select(
+    select(func.count()).select_from(STEPS).where(*_OF_TURN).scalar_subquery().label("steps"),
+    select(func.count())
+    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
+    .where(*_OF_TURN)
+    .scalar_subquery()
+    .label("calls"),
+    select(func.coalesce(func.sum(_ATTEMPTS.c.input_tokens + _ATTEMPTS.c.output_tokens), 0))
+    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
+    .where(*_OF_TURN)
+    .scalar_subquery()
+    .label("tokens"),
+)
+
+
+async def turn_spend(uow: UnitOfWork, session_id: str, turn_id: str) -> TurnSpend:
+    """The turn's model steps, provider calls and tokens as stored before this transition."""
+    row = (await uow.read(_TURN_SPEND, {"session_id": session_id, "turn_id": turn_id}))[0]
+    return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
 
 
 _CLAIM_COLUMNS = (CLAIMS.c.status, CLAIMS.c.outcome, CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at)

@@ -58,6 +58,19 @@ async def request_model_step(
     a reply whose report would be larger is a failed attempt, not a parked report."""
     completed = await _step(providers, transcripts, request, max_bytes)
     await _send(report, completed)
+    last = completed.attempts[-1] if completed.attempts else None
+    # One line per model step at INFO, so following a session by its id shows each step.
+    log.info(
+        "session %s step %s: %s after %d attempt(s) of %s; %d input and %d output tokens; %d tool call(s)",
+        request.session_id,
+        request.step_id,
+        "failed" if completed.error is not None else "answered",
+        len(completed.attempts),
+        last.provider if last else request.provider,
+        sum(a.usage.input_tokens for a in completed.attempts),
+        sum(a.usage.output_tokens for a in completed.attempts),
+        len(completed.tool_calls),
+    )
     for attempt in completed.attempts:
         provider = bounded(attempt.provider, set(providers))
         PROVIDER_ATTEMPTS.labels(provider, attempt.status).inc()

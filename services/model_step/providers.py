@@ -32,6 +32,27 @@ class ScriptedReply(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = ""
     tool_calls: list[ScriptedCall] = []
+    # The text instead, when a call of the step before closed this way (`denied`,
+    # `expired`, `error`, ...): a scripted model that says "done" after a person
+    # denied the call would teach a newcomer that the model lies.
+    when_closed: dict[str, str] = {}
+
+    def said_after(self, transcript: list[TranscriptEntry]) -> str:
+        for closure in _latest_closures(transcript):
+            if closure in self.when_closed:
+                return self.when_closed[closure]
+        return self.text
+
+
+def _latest_closures(transcript: list[TranscriptEntry]) -> list[str]:
+    """How the calls of the last assistant entry closed, in the transcript's order."""
+    closures: list[str] = []
+    for entry in reversed(transcript):
+        if entry.role == "assistant":
+            break
+        if entry.role == "tool" and entry.closure:
+            closures.append(entry.closure)
+    return closures[::-1]
 
 
 class Script(BaseModel):
@@ -80,10 +101,11 @@ class ScriptedProvider:
             for i, c in enumerate(reply.tool_calls)
         ]
         prompt_chars = sum(len(e.text) for e in transcript)
+        text = reply.said_after(transcript)
         return ProviderReply(
-            text=reply.text,
+            text=text,
             tool_calls=calls,
-            usage=Usage(input_tokens=prompt_chars // 4 + 1, output_tokens=len(reply.text) // 4 + 1),
+            usage=Usage(input_tokens=prompt_chars // 4 + 1, output_tokens=len(text) // 4 + 1),
         )
 
 

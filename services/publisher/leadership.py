@@ -23,19 +23,26 @@ process would go on relaying beside its successor. So:
   batch; the successor sends those rows again, with the same message ids, and every
   consumer drops the duplicate (docs/design.md, "Scale and failover").
 
-SQLite runs on one machine with one publisher: no lock, no epoch, no fence.
+SQLite runs on one machine with exactly one publisher: no epoch and no fence, but a
+second publisher must not relay beside the first, so each takes an exclusive lock on a
+file beside the ledger's (`only_relay`) and one that finds it taken refuses to start,
+naming the publisher that holds it. The kernel drops the lock when its holder dies,
+however it dies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import socket
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
@@ -55,6 +62,35 @@ _TAKE_EPOCH = "UPDATE publisher_leader SET epoch = epoch + 1, holder = $1, since
 # (which takes the row's update lock) waits for the transaction and every later one sees it.
 _FENCE = select(LEADER.c.epoch).where(LEADER.c.id == LEADER_ROW).with_for_update(read=True)
 EPOCH = select(LEADER.c.epoch).where(LEADER.c.id == LEADER_ROW)
+
+
+class AnotherRelay(SystemExit):
+    def __init__(self, lock: Path, holder: str) -> None:
+        super().__init__(
+            f"signoff: another publisher already relays this SQLite ledger ({holder or 'its holder did not say'};"
+            f" lock {lock}); the embedded default runs exactly one publisher: stop that one first, or use"
+            " PostgreSQL (SIGNOFF_DATABASE_URL) for a standby"
+        )
+
+
+def only_relay(settings: Settings) -> IO[str]:
+    """Hold the SQLite ledger's relay lock for as long as this process lives (keep the
+    file open), or refuse to start. The lock's file says who holds it."""
+    ledger = Path(make_url(settings.ledger_url).database or "")
+    lock = ledger.with_name(ledger.name + ".publisher.lock")
+    held = open(lock, "a+")  # held open until the process ends: closing it would drop the lock
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.seek(0)
+        holder = held.read().strip()
+        held.close()
+        raise AnotherRelay(lock, holder) from None
+    held.seek(0)
+    held.truncate()
+    held.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.now(UTC).isoformat(timespec='seconds')}")
+    held.flush()
+    return held
 
 
 class LeadershipLost(Exception):

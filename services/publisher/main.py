@@ -16,7 +16,7 @@ from shared.runtime import Unreachable, address, prepare
 from shared.settings import Settings
 
 from .hooks import HookDeliverer, deliver_hooks_forever, load_hooks
-from .leadership import Leadership, LeadershipLost, lead, lead_again
+from .leadership import Leadership, LeadershipLost, lead, lead_again, only_relay
 from .relay import OutboxRelay
 from .settings import PublisherSettings
 
@@ -31,6 +31,8 @@ async def run(settings: Settings) -> None:
     config = PublisherSettings(**settings.model_dump())
     # First: a hook without a usable secret stops the publisher before it does anything.
     hooks = load_hooks(settings.hooks_file)
+    # SQLite: exactly one publisher; a second refuses to start, naming the first.
+    relay_lock = None if settings.is_postgres else only_relay(settings)
     engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
@@ -81,6 +83,8 @@ async def run(settings: Settings) -> None:
             await leadership.close()
         await connection.close()
         await engine.dispose()
+        if relay_lock is not None:
+            relay_lock.close()
 
 
 async def _connected(connection: aio_pika.abc.AbstractRobustConnection) -> bool:

@@ -277,7 +277,19 @@ class SqliteLedgerReader:
                 select(outbox.c.message_type, func.count()).group_by(outbox.c.message_type))),
             "relay_batches": (await self._rows(select(func.count(distinct(outbox.c.sent_at)))))[0][0],
             "claims": (await self._rows(select(func.count()).select_from(claims)))[0][0],
+            "bytes": await self.file_bytes(),
         }
+
+    async def file_bytes(self) -> int:
+        """What the ledger file holds, in bytes (pages in use; SQLite has no per-row size
+        without the dbstat table, which Debian's build leaves out): the same key as
+        PostgreSQL's figure, so `cost_delta` reads both stores alike."""
+        from sqlalchemy import text
+
+        pages = (await self._rows(text("PRAGMA page_count")))[0][0]
+        free = (await self._rows(text("PRAGMA freelist_count")))[0][0]
+        size = (await self._rows(text("PRAGMA page_size")))[0][0]
+        return int((pages - free) * size)
 
     async def quiescent(self, timeout: float = 15.0) -> None:
         from sqlalchemy import func, select

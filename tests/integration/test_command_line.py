@@ -112,7 +112,8 @@ async def test_a_message_that_fails_on_every_delivery_is_parked_with_the_reason_
     assert lines[0] == f"1 dead-lettered message(s) in {deployment.namespace}.dead-letters"
     assert re.fullmatch(rf"\S+  \S+  type=approval.respond session={session_id}  consumer=approval-ledger",
                         lines[1]), lines
-    assert lines[2] == ("    delivery_limit: failed on all 3 deliveries; the last error: FaultRaised: "
+    assert lines[2] == ("    delivery_limit: failed on all 3 deliveries (the first and the 2 redeliveries "
+                        "SIGNOFF_DELIVERY_LIMIT allows); the last error: FaultRaised: "
                         "fault point ledger.before_commit armed to raise"), lines
     assert sink.counts["/sink"] == 0
 

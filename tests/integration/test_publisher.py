@@ -46,3 +46,24 @@ async def test_events_of_one_session_arrive_in_commit_order_with_increasing_sequ
                 sent.append(message.message_id)
         received = [(await next_event(events, "turn.completed")).message_id for _ in sent]
     assert received == sent
+
+
+async def test_on_sqlite_a_second_publisher_refuses_to_start_naming_the_one_that_relays(sqlite_deployment):
+    import pytest
+
+    deployment = sqlite_deployment
+    deployment.start()
+    first = deployment.processes["publisher"].pid
+    with pytest.raises(AssertionError) as refused:
+        deployment.start("publisher#2")
+    said = str(refused.value)
+    assert "publisher#2 exited with 1 during start-up" in said
+    assert "another publisher already relays this SQLite ledger" in said and f"pid {first} " in said
+    # The first goes on relaying alone: a whole turn still goes through.
+    session_id = "read-" + mint("ses")[4:]
+    async with deployment.console() as console:
+        from shared.messages import StartTurn
+
+        events = await console.watch(session_id)
+        await console.send(StartTurn(session_id=session_id, text="what time is it?"))
+        await next_event(events, "turn.completed", timeout=30)

@@ -81,3 +81,31 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+async def test_following_one_session_by_its_id_at_info_shows_each_ledger_transition_and_each_model_step(
+    sqlite_deployment, sink
+):
+    deployment = sqlite_deployment
+    deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="t")
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        await console.respond(requested.request_id, "approve", "", "", "tester")
+        await next_event(events, "turn.completed")
+
+    def about_the_session(service: str) -> list[str]:
+        return [r["message"] for r in log_records(deployment.log_path(service))
+                if r["level"] == "INFO" and session_id in r["message"]]
+
+    async def all_logged():
+        applied = [m.split()[1] for m in about_the_session("approval-ledger") if m.startswith("applied ")]
+        return applied == ["turn.start", "step.completed", "approval.respond", "tool.completed", "step.completed"]
+    await eventually(all_logged)
+    ledger = about_the_session("approval-ledger")
+    assert any(m.startswith("applied approval.respond") and m.endswith(f"session {session_id} is running")
+               for m in ledger), ledger
+    steps = [m for m in about_the_session("model-step") if m.startswith(f"session {session_id} step ")]
+    assert len(steps) == 2 and all(" answered after 1 attempt(s) of scripted; " in m for m in steps), steps
+    assert steps[0].endswith("; 1 tool call(s)") and steps[1].endswith("; 0 tool call(s)")

@@ -704,3 +704,28 @@ def test_only_a_parked_message_the_open_turn_waits_on_fails_it():
 def test_a_session_id_from_a_parked_body_is_used_only_if_it_is_an_identifier():
     assert domain.is_identifier("ses_abc-1") and not domain.is_identifier("?")
     assert not domain.is_identifier("") and not domain.is_identifier("x" * 65) and not domain.is_identifier("a b")
+
+
+# --- a turn's bound ---------------------------------------------------------------------
+
+
+def test_a_turn_may_ask_for_another_step_until_it_has_taken_its_bound_of_steps():
+    from services.approval_ledger.domain import TurnBounds, TurnSpend, turn_bound_reached
+
+    bounds = TurnBounds(steps=3, tokens=1000)
+    assert turn_bound_reached(bounds, TurnSpend(2, 2, 10), "still trying") is None
+    reached = turn_bound_reached(bounds, TurnSpend(3, 4, 10), "still trying")
+    assert reached is not None and reached.bound == "steps"
+    assert reached.text == (
+        "The turn reached its bound of 3 model steps (3 model steps, 4 provider calls, 10 tokens)."
+        " The model's last words: 'still trying'."
+    )
+
+
+def test_a_turn_ends_once_its_provider_tokens_reach_the_bound_and_a_zero_bound_is_none():
+    from services.approval_ledger.domain import TurnBounds, TurnSpend, turn_bound_reached
+
+    assert turn_bound_reached(TurnBounds(steps=0, tokens=100), TurnSpend(50, 50, 99), "") is None
+    reached = turn_bound_reached(TurnBounds(steps=0, tokens=100), TurnSpend(50, 50, 100), "")
+    assert reached is not None and reached.bound == "tokens" and "bound of 100 provider tokens" in reached.text
+    assert turn_bound_reached(TurnBounds(steps=0, tokens=0), TurnSpend(10**6, 10**6, 10**9), "") is None
