@@ -132,12 +132,14 @@ def _group(name: str) -> int:
 
 
 def sqlite_files(settings: Settings) -> list[Path]:
-    """The ledger's SQLite file and its -wal and -shm, when the ledger is on SQLite."""
+    """The ledger's SQLite file and the files SQLite and the publisher keep beside it, on SQLite."""
     url = settings.ledger_url
     if not url.startswith("sqlite"):
         return []
     database = Path(url.split(":///", 1)[1])
-    return [database, *(database.with_name(database.name + tail) for tail in ("-wal", "-shm"))]
+    # With the publisher's relay lock beside it (services/publisher/leadership.py `only_relay`).
+    tails = ("-wal", "-shm", ".publisher.lock")
+    return [database, *(database.with_name(database.name + tail) for tail in tails)]
 
 
 def share_data(settings: Settings, shared_gid: int) -> None:
