@@ -67,7 +67,7 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
-        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 90, "all four ready")
+        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 150, "all four ready")
         keys = deployment.data_dir / "keys"
         every_secret = sorted(str(p) for p in keys.rglob("*") if p.is_file() and p.suffix in (".key", ".password"))
         assert str(keys / "channels" / "cli.key") in every_secret and str(keys / keyring.LEDGER_KEY) in every_secret

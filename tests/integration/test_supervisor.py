@@ -86,7 +86,8 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
-        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 60, "all four ready")
+        # As root (CI), four new interpreters under their own users after setup and migrate: a cold start each.
+        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 120, "all four ready")
         for index, service in enumerate(SERVICES):  # each child on its own port, printed
             url = f"http://127.0.0.1:{base + index}"
             assert f"signoff: {service} metrics {url}/metrics, health {url}/readyz\n" in output.lines
@@ -98,15 +99,15 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
             await console.respond(requested.request_id, "approve", "", "", "tester")
             completed = await next_event(events, "turn.completed", timeout=30)
             assert completed.text == "Posted."
-        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 10, "a new ledger")
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 30, "a new ledger")
         # Killed again at once: it had been ready and working, so it is no crash loop and gets no backoff.
         os.kill(ready_pids(logs, "approval-ledger")[-1], signal.SIGKILL)
-        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 3, 10, "a third ledger")
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 3, 30, "a third ledger")
         restarts = [line for line in output.lines if line.startswith("signoff: approval-ledger exited")]
         assert restarts == [f"signoff: approval-ledger exited with -9; restarting (log: {logs}/approval-ledger.log)\n"] * 2
         assert sink.counts["/sink"] == 1, "the approved call ran once"
         # The restarted ledger serves on its port again.
-        await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 10, "the new ledger's /readyz")
+        await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 30, "the new ledger's /readyz")
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0, output.text
