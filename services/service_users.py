@@ -73,8 +73,9 @@ def user_of(service: str) -> str:
 
 def single_user_warning() -> str:
     who = pwd.getpwuid(os.geteuid()).pw_name
+    why = "SIGNOFF_SINGLE_USER is set" if os.geteuid() == 0 else "not root"
     return (
-        f"signoff: running as {who}, not root: this is a single-user development deployment. Every service "
+        f"signoff: running as {who}, {why}: this is a single-user development deployment. Every service "
         "runs as this user with one keys folder and one environment, so any of them (the model-step, a tool) "
         "can read every other's keys and passwords. Run `signoff up` as root to give each service its own "
         "system user and only its own files, or deploy with compose or Kubernetes (README, 'Deploying')."

@@ -39,7 +39,7 @@ class Supervisor:
     def __init__(self, settings: Settings, log_dir: Path | None = None, isolated: bool | None = None) -> None:
         self.settings = settings
         # Root: each service as its own user, holding only its own files; else one user for all.
-        self.isolated = os.geteuid() == 0 if isolated is None else isolated
+        self.isolated = (os.geteuid() == 0 and not settings.single_user) if isolated is None else isolated
         self.accounts: dict[str, service_users.Account] = {}
         self.environments: dict[str, dict[str, str]] = {}
         self.log_dir = log_dir or settings.data_dir / "logs"
@@ -91,8 +91,9 @@ class Supervisor:
             raise SystemExit(
                 f"signoff up: running as root, each service runs as its own user (signoff-<service>), and they "
                 f"cannot reach {', '.join(missing)}: let others enter the folders above them (chmod o+x) or use "
-                "a data folder and settings files they can reach (SIGNOFF_DATA_DIR); as an ordinary user, "
-                "`signoff up` runs a single-user development deployment instead"
+                "a data folder and settings files they can reach (SIGNOFF_DATA_DIR, SIGNOFF_TOOLS_FILE, …); or, "
+                "for a single-user development deployment (every service able to read every key), run it as an "
+                "ordinary user or set SIGNOFF_SINGLE_USER=true"
             )
         self.accounts = accounts
 

@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # (`signoff setup` makes them, as SIGNOFF_DATABASE_URL's user); off: everyone
     # logs in as SIGNOFF_DATABASE_URL's user.
     database_identities: bool = True
+    # `signoff up` run as root runs each service as its own system user, holding only its
+    # own files (services/service_users.py); true: every service as root, sharing every
+    # key: a single-user development deployment, as it says at start. Never in production.
+    single_user: bool = False
     # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
     # port 0: none. `signoff up` gives its children this port plus their index.
     metrics_port: int = 9464
