@@ -130,3 +130,4 @@ def test_signoff_up_as_an_ordinary_user_runs_one_user_and_says_it_is_a_single_us
     assert warning.startswith("signoff: running as nobody, not root: this is a single-user development deployment")
     assert "Run `signoff up` as root" in warning
     assert Supervisor(Settings()).isolated, "as root, each service its own user"
+    assert not Supervisor(Settings(single_user=True)).isolated, "unless told to be a single-user deployment"
