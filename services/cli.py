@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a person the CLI's channel may act as (--as), besides the OS user running setup and those "
         "registered before; repeat for more",
     )
+    setup.add_argument(
+        "--hand-out",
+        type=Path,
+        metavar="FOLDER",
+        help="also copy each service's own key files into FOLDER/<service>/ (one volume per container)",
+    )
     commands.add_parser("migrate", help="bring the ledger's schema up to date")
     commands.add_parser("demo", help="run the services and drive one session through an approval")
 
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             args.responder = os_user()  # the CLI's channel asserts whoever runs it
 
         if args.command == "setup":
-            return console.setup(settings, args.cli_principal)
+            return console.setup(settings, args.cli_principal, args.hand_out)
         if args.command == "migrate":
             return asyncio.run(console.migrate_only(settings))
         if args.command == "demo":

@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import aio_pika
@@ -35,7 +36,7 @@ from shared.ledger.tables import (
 )
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_inline, json_lines, visible
-from shared.provisioning import provision_broker, provision_database
+from shared.provisioning import provision_broker, provision_database, provision_redis
 from shared.redaction import redact_text, redact_value
 from shared.runtime import Unreachable, address, check_reachable
 from shared.settings import Settings
@@ -175,13 +176,15 @@ def _strings(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def setup(settings: Settings, cli_principals: Sequence[str] = ()) -> int:
+def setup(settings: Settings, cli_principals: Sequence[str] = (), hand_out: Path | None = None) -> int:
     """Everything a deployment needs before its services start, made if missing
     (idempotent): its keys, the CLI's channel (`SIGNOFF_CHANNEL`) registered for
     the OS user running setup plus `cli_principals` (and whomever it was registered
     for before), (with broker identities) a RabbitMQ user per service and channel
-    with its permissions, the namespace's topology, and on PostgreSQL a role per
-    service with its grants and the migrated schema. Says what it did."""
+    with its permissions, the namespace's topology, a Redis user for each service
+    that uses Redis (its own keys only), and on PostgreSQL a role per service with
+    its grants and the migrated schema; with `hand_out`, each service's own key files
+    in a folder of its own. Says what it did."""
     for principal in cli_principals:
         if not principal or any(c in principal for c in "*?[]") or principal.startswith("token:"):
             raise SystemExit(f"signoff setup: --cli-principal {principal!r}: name one person (no patterns, no token:)")
@@ -192,7 +195,13 @@ def setup(settings: Settings, cli_principals: Sequence[str] = ()) -> int:
         done.append(f"channel {settings.channel} may no longer assert anyone: '*' dropped from its principals")
     done += keyring.create(settings.keys_path, {settings.channel: principals})
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
+    done += asyncio.run(provision_redis(settings))
     done += asyncio.run(provision_database(settings))
+    if hand_out is not None:
+        # Each container mounts only its own folder (docker-compose.yml): no service reads another's keys.
+        for service in keyring.HELD_BY:
+            files = keyring.hand_out(settings.keys_path, service, hand_out / service)
+            done.append(f"{service}'s own keys in {hand_out / service}: {', '.join(f.name for f in files)}")
     for line in done:
         print(f"signoff setup: {line}")
     return 0

@@ -1,5 +1,7 @@
 """`signoff up`: the four services as child processes of one supervisor, each
-restarted at once when it dies."""
+restarted at once when it dies. Run as root, each runs as its own system user
+with only its own files and settings (services/service_users.py); run as an
+ordinary user, it is a single-user development deployment and says so."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from services import service_users
 from services.warm_start import SERVICES, Child, fork_service, preload
 from shared.settings import Settings
 
@@ -33,10 +36,14 @@ class Supervisor:
     # restarted at once, however soon after its last start it died.
     BACKOFF_LIMIT = 30.0
 
-    def __init__(self, settings: Settings, log_dir: Path | None = None) -> None:
+    def __init__(self, settings: Settings, log_dir: Path | None = None, isolated: bool | None = None) -> None:
         self.settings = settings
+        # Root: each service as its own user, holding only its own files; else one user for all.
+        self.isolated = (os.geteuid() == 0 and not settings.single_user) if isolated is None else isolated
+        self.accounts: dict[str, service_users.Account] = {}
+        self.environments: dict[str, dict[str, str]] = {}
         self.log_dir = log_dir or settings.data_dir / "logs"
-        self.children: dict[str, Child] = {}
+        self.children: dict[str, Child | subprocess.Popen] = {}
         # Where each child's log stood when it was started: what it logged since says whether it became ready.
         self.log_offset: dict[str, int] = {}
         self.backoff: dict[str, float] = {}
@@ -49,21 +56,59 @@ class Supervisor:
         # SIGTERM (docker stop, timeout) must stop the children too, as Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
         check_reachable(self.settings)
+        if not self.isolated:
+            print(service_users.single_user_warning(), file=sys.stderr, flush=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Keys (made once) and the schema before any service starts: four services
         # need not race to create them.
         subprocess.run([sys.executable, "-m", "services.cli", "setup"], check=True)
         subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
-        preload()
+        if self.isolated:
+            self._give_each_service_its_own_user()
+        else:
+            preload()
         for service in SERVICES:
             self._spawn(service)
         for service, url in self.metrics_addresses().items():
             print(f"signoff: {service} metrics {url}/metrics, health {url}/readyz", flush=True)
 
+    def _give_each_service_its_own_user(self) -> None:
+        """Each service's user (made if missing), its own copy of its own key files and
+        its own environment; the data folder shared by their group. Refuses to start
+        when a service's user could not reach what it needs (a data folder under a
+        folder only root may enter), rather than run the services as root."""
+        accounts = service_users.accounts(list(SERVICES))
+        shared_gid = next(iter(accounts.values())).shared_gid
+        service_users.share_data(self.settings, shared_gid)
+        for service, account in accounts.items():
+            keys = service_users.hand_out_keys(self.settings, account)
+            self.environments[service] = service_users.environment_of(service, self.settings, keys, dict(os.environ))
+        needed = [self.settings.data_dir.resolve(), self.settings.tools_file, self.settings.script_file]
+        needed += [self.settings.hooks_file] if self.settings.hooks_file else []
+        self.python = service_users.Interpreter()
+        missing = service_users.unreachable(self.python, accounts["model-step"], needed)
+        if missing:
+            raise SystemExit(
+                f"signoff up: running as root, each service runs as its own user (signoff-<service>), and they "
+                f"cannot reach {', '.join(missing)}: let others enter the folders above them (chmod o+x) or use "
+                "a data folder and settings files they can reach (SIGNOFF_DATA_DIR, SIGNOFF_TOOLS_FILE, …); or, "
+                "for a single-user development deployment (every service able to read every key), run it as an "
+                "ordinary user or set SIGNOFF_SINGLE_USER=true"
+            )
+        self.accounts = accounts
+
     def _spawn(self, service: str) -> None:
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
         log = self.log_dir / f"{service}.log"
         self.log_offset[service] = log.stat().st_size if log.exists() else 0
+        if self.isolated:
+            own = dict(self.environments[service])
+            if self.settings.metrics_port:
+                own["SIGNOFF_METRICS_PORT"] = str(self.metrics_port(service))
+            self.children[service] = service_users.start(
+                self.python, self.accounts[service], own, log, cwd=self.settings.data_dir.resolve()
+            )
+            return
         env = None
         if self.settings.metrics_port:
             env = {**os.environ, "SIGNOFF_METRICS_PORT": str(self.metrics_port(service))}

@@ -1,9 +1,11 @@
 """The one consumer loop every service shares.
 
 It decodes and validates an inbound message, answers bad input with a
-dead-letter that names the reason (invariant 9), skips what Redis says was
-already handled (a fast path only: invariant 8), runs the handler, and acks
-only after the handler's effect is durable. A handler that fails for a
+dead-letter that names the reason (invariant 9), runs the handler, and acks
+only after the handler's effect is durable. Nothing here asks Redis whether a
+message was handled: whoever can write Redis could then make a consumer drop
+an approved call unhandled (invariant 8). A redelivery is recognised by the
+durable record instead: the ledger's inbox, the executor's claim. A handler that fails for a
 passing reason (database away, broker hiccup) gets the message back later;
 the queue's delivery limit dead-letters one that never succeeds.
 """
@@ -16,7 +18,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitMessage
 from pydantic import TypeAdapter, ValidationError
@@ -34,9 +36,6 @@ from shared.messages import Envelope, encode, now
 from shared.observability import MESSAGE_HANDLING, MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED, MESSAGES_PUBLISHED
 from shared.redaction import redact_message_body, redact_text
 from shared.topology import COMMAND_TYPES, Topology
-
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
 
 log = logging.getLogger("signoff.consuming")
 
@@ -66,10 +65,8 @@ class Inbound:
         *,
         consumer: str,
         broker: RabbitBroker,
-        redis: Redis | None,
         topology: Topology,
         max_bytes: int,
-        dedupe_ttl: int,
         user_id: str,
         message_type: str = "unknown",
     ) -> None:
@@ -79,18 +76,13 @@ class Inbound:
         self._handling = MESSAGE_HANDLING.labels(consumer, message_type)
         self.user_id = user_id
         self.broker = broker
-        self.redis = redis
         self.topology = topology
         self.max_bytes = max_bytes
-        self.dedupe_ttl = dedupe_ttl
         # Failed deliveries by message id, where the queue counts none (a classic queue
         # sets no x-delivery-count): a message that keeps failing here is parked at the
         # delivery limit all the same. Per process: a restart, or another replica,
         # starts the count again (docs/performance.md, "Queue types").
         self._failures: dict[str, int] = {}
-
-    def _seen_key(self, message_id: str) -> str:
-        return f"{self.topology.namespace}:seen:{self.consumer}:{message_id}"
 
     async def receive(
         self,
@@ -109,7 +101,7 @@ class Inbound:
         adapter: TypeAdapter[Any],
         handle: Callable[[Any], Awaitable[None]],
     ) -> str:
-        """Handle one delivery; what became of it: handled, duplicate, dead_lettered or retried."""
+        """Handle one delivery; what became of it: handled, dead_lettered or retried."""
         body: bytes = raw.body
         # Each line logged from here on names the message (shared/logs.py): its id until it is read.
         logs.concerning(message_id=raw.message_id)
@@ -128,9 +120,6 @@ class Inbound:
             await self.dead_letter(raw, "invalid", NO_MESSAGE_ID)
             return "dead_lettered"
         logs.concerning(message)
-        if await self._already_handled(message.message_id):
-            await raw.ack()
-            return "duplicate"
         counted = (raw.headers or {}).get("x-delivery-count")
         delivered_before = int(counted) if counted is not None else self._failures.get(message.message_id, 0)
         previous_deliveries.set(delivered_before)
@@ -167,7 +156,6 @@ class Inbound:
             return "retried"
         await raw.ack()
         self._failures.pop(message.message_id, None)
-        await self._remember(message.message_id)
         return "handled"
 
     async def _handle_through_outages(self, message: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
@@ -199,23 +187,6 @@ class Inbound:
                 )
                 await asyncio.sleep(pause)
                 pause = min(5.0, pause * 2)
-
-    async def _already_handled(self, message_id: str) -> bool:
-        if self.redis is None:
-            return False
-        try:
-            return bool(await self.redis.exists(self._seen_key(message_id)))
-        except Exception as error:  # Redis is only a fast path (invariant 8)
-            log.warning("redis unavailable for dedupe (%s); relying on the ledger", error)
-            return False
-
-    async def _remember(self, message_id: str) -> None:
-        if self.redis is None:
-            return
-        try:
-            await self.redis.set(self._seen_key(message_id), 1, ex=self.dedupe_ttl)
-        except Exception as error:
-            log.warning("redis unavailable for dedupe (%s)", error)
 
     async def dead_letter(self, raw: RabbitMessage, code: str, detail: str) -> None:
         """Park a message with its reason, then ack it: nothing lost, nothing blocked.

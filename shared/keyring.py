@@ -8,8 +8,12 @@ by default `<data dir>/keys`), made once by `signoff setup`.
 | `digest.key` | approval-ledger | HMAC key of request digests |
 | `channels.yaml` | approval-ledger | each channel's public key and the principals it may assert |
 | `channels/<name>.key` | that channel (the CLI: `cli`) | the channel's Ed25519 private key |
+| `rabbitmq/<name>.password` | that service or channel (`channel.<name>`) | its broker password |
+| `postgres/<name>.password` | that service (PostgreSQL only) | its database role's password |
+| `redis/<name>.password` | that service (the executor alone uses Redis) | its Redis ACL user's password |
 
-A container is given only the files its service holds. Nothing here is a secret
+A container is given only the files its service holds (`HELD_BY`); so is each
+service under `signoff up` run as root (services/service_users.py). Nothing here is a secret
 in a log: only public keys are ever printed.
 """
 
@@ -19,6 +23,7 @@ import fnmatch
 import os
 import pwd
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +42,28 @@ LEDGER_KEY = "ledger.key"
 LEDGER_PUBLIC_KEY = "ledger.pub"
 DIGEST_KEY = "digest.key"
 CHANNELS = "channels.yaml"
+
+# The files of the keys folder each service reads, and no other: what a container
+# mounts, a Kubernetes Secret holds, and `signoff up` (as root) copies for it.
+# Passwords of a store not in use (PostgreSQL on SQLite) are simply absent.
+HELD_BY: dict[str, tuple[str, ...]] = {
+    "approval-ledger": (
+        LEDGER_KEY,
+        DIGEST_KEY,
+        CHANNELS,
+        "rabbitmq/approval-ledger.password",
+        "postgres/approval-ledger.password",
+    ),
+    "publisher": ("rabbitmq/publisher.password", "postgres/publisher.password"),
+    # Its database role reads the transcript a step names (claim-check), nothing else.
+    "model-step": ("rabbitmq/model-step.password", "postgres/model-step.password"),
+    "tool-executor": (
+        LEDGER_PUBLIC_KEY,
+        "rabbitmq/tool-executor.password",
+        "postgres/tool-executor.password",
+        "redis/tool-executor.password",
+    ),
+}
 
 
 class MissingKey(SystemExit):
@@ -114,6 +141,28 @@ def cli_principals(registered: list[str] | None, runner: str, listed: list[str])
 
 def channel_private_key(keys_dir: Path, name: str) -> Ed25519PrivateKey:
     return load_private_key(_read(keys_dir / "channels" / f"{name}.key"))
+
+
+def hand_out(keys_dir: Path, service: str, folder: Path) -> list[Path]:
+    """Copy the files `service` holds (HELD_BY) into `folder` (its container's keys
+    volume, or its own folder under `signoff up`): mode 0700 folders, 0600 files,
+    each replaced whole. The files written; those of a store not in use are skipped."""
+    written = []
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in HELD_BY[service]:
+        source = keys_dir / name
+        if not source.exists():
+            continue
+        target = folder / name
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle, open(source, "rb") as original:
+            shutil.copyfileobj(original, handle)
+        partial.replace(target)
+        written.append(target)
+    return written
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -33,7 +33,7 @@ log = logging.getLogger("signoff.observability")
 # --- messages (every consumer and sender) -------------------------------------------
 MESSAGES_CONSUMED = Counter(
     "signoff_messages_consumed_total",
-    "Inbound messages taken from a queue, by what became of them: handled, duplicate, "
+    "Inbound messages taken from a queue, by what became of them: handled, "
     "dead_lettered (parked with a reason) or retried (nacked for redelivery)",
     ["consumer", "type", "outcome"],
 )

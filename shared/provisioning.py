@@ -3,6 +3,7 @@ namespace, each with least-privilege permissions (`Topology.permissions`), their
 passwords in the keys folder, and the namespace's exchanges, queues and bindings
 declared. Run with the broker's administrator (the management API at
 SIGNOFF_RABBITMQ_ADMIN_URL, and SIGNOFF_RABBITMQ_URL's user); idempotent.
+Likewise a Redis ACL user per service that uses Redis, and a PostgreSQL role per service.
 """
 
 from __future__ import annotations
@@ -100,6 +101,81 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
     async with management_api(settings) as api:
         for name in broker_identities(channels):
             await api.delete(f"/users/{quote(topology.identity(name), safe='')}")
+
+
+# --- Redis ------------------------------------------------------------------------
+
+# The services that use Redis, and the ACL rules of each beyond its own key pattern:
+# the executor's leases (services/tool_executor/leases.py: SET NX PX, and scripts that
+# GET then DEL or PEXPIRE) and nothing else. No other service logs in to Redis at all.
+REDIS_COMMANDS = {
+    "tool-executor": ("+set", "+get", "+del", "+pexpire", "+eval", "+ping"),
+}
+# Each user's keys: `<namespace>:lease:*` (the executor's leases) and none other.
+REDIS_KEYS = {"tool-executor": "lease"}
+
+
+def redis_acl_rules(settings: Settings, name: str, password: str) -> list[str]:
+    """The whole of an ACL user, from nothing (`reset`): on, its password, its own keys,
+    no pub/sub channel, no command but the ones listed."""
+    return [
+        "reset",
+        "on",
+        f">{password}",
+        f"~{settings.namespace}:{REDIS_KEYS[name]}:*",
+        "resetchannels",
+        "-@all",
+        *REDIS_COMMANDS[name],
+    ]
+
+
+async def provision_redis(settings: Settings) -> list[str]:
+    """One Redis ACL user per service that uses Redis, allowed only its own keys and
+    commands, its password in the keys folder (`redis/<service>.password`). Run as
+    SIGNOFF_REDIS_URL's user (the administrator: give Redis's default user a password
+    in production); idempotent: a user is reset to exactly these rules each time."""
+    if not settings.redis_identities:
+        return ["no Redis identities (SIGNOFF_REDIS_IDENTITIES=false): services log in as SIGNOFF_REDIS_URL's user"]
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as Unreached
+    from redis.exceptions import ResponseError
+
+    try:
+        return await _redis_users(settings, Redis)
+    except Unreached as error:
+        raise SystemExit(
+            f"signoff setup: cannot reach Redis ({error}); start it (`redis-server --daemonize yes`) "
+            "or set SIGNOFF_REDIS_URL"
+        ) from None
+    except ResponseError as error:
+        raise SystemExit(
+            f"signoff setup: Redis refused to make its users ({str(error)[:200]}): it needs Redis 6 or later and "
+            "SIGNOFF_REDIS_URL's user must be its administrator (or set SIGNOFF_REDIS_IDENTITIES=false)"
+        ) from None
+
+
+async def _redis_users(settings: Settings, Redis) -> list[str]:
+    done = []
+    async with Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5) as redis:
+        for name in REDIS_COMMANDS:
+            password, made = _password(settings.redis_password_file(name))
+            await redis.execute_command(
+                "ACL", "SETUSER", settings.redis_user(name), *redis_acl_rules(settings, name, password)
+            )
+            done.append(
+                f"Redis user {settings.redis_user(name)}"
+                + (" made" if made else " kept")
+                + f" (keys {settings.namespace}:{REDIS_KEYS[name]}:*)"
+            )
+    return done
+
+
+async def remove_redis_identities(settings: Settings) -> None:
+    """Delete a namespace's Redis users (tests clean up after themselves)."""
+    from redis.asyncio import Redis
+
+    async with Redis.from_url(settings.redis_url) as redis:
+        await redis.execute_command("ACL", "DELUSER", *(settings.redis_user(name) for name in REDIS_COMMANDS))
 
 
 # --- PostgreSQL -----------------------------------------------------------------------

@@ -107,27 +107,27 @@ class Runtime:
 
     @property
     def redis(self) -> Redis:
-        """Built on first use: the ledger and the publisher never use Redis, and
-        importing its client is ~0.1 s of every cold start (recovery time)."""
+        """Built on first use: only the executor uses Redis (its leases), and importing
+        its client is ~0.1 s of every cold start (recovery time). It logs in as this
+        service's own Redis user, which may touch only its own keys."""
         if self._redis is None:
             from redis.asyncio import Redis
 
-            self._redis = Redis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            url = self.settings.redis_login(self.name)
+            self._redis = Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         return self._redis
 
     async def _close_redis(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
 
-    def inbound(self, consumer: str, *, redis_fast_path: bool = True, message_type: str = "unknown") -> Inbound:
+    def inbound(self, consumer: str, *, message_type: str = "unknown") -> Inbound:
         return Inbound(
             consumer=consumer,
             message_type=message_type,
             broker=self.broker,
-            redis=self.redis if redis_fast_path else None,
             topology=self.topology,
             max_bytes=self.settings.max_message_bytes,
-            dedupe_ttl=self.settings.dedupe_ttl_seconds,
             user_id=self.user,
         )
 
@@ -136,11 +136,9 @@ class Runtime:
         message_type: str,
         adapter: TypeAdapter[Any],
         handle: Callable[[Any], Awaitable[None]],
-        *,
-        redis_fast_path: bool = True,
     ) -> None:
         """Subscribe one handler to the queue of one inbound message type."""
-        inbound = self.inbound(self.name, redis_fast_path=redis_fast_path, message_type=message_type)
+        inbound = self.inbound(self.name, message_type=message_type)
 
         @self.broker.subscriber(
             _declared_by_setup(self.topology.inbound_queue(message_type)),

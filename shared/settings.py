@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     # PostgreSQL only: every table lives in this schema (tests use one each).
     database_schema: str | None = None
     rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"
+    # Redis: `signoff setup` logs in with this URL's user (the administrator); each
+    # service then logs in as its own Redis user, limited to its own keys (redis_login).
     redis_url: str = "redis://localhost:6379/0"
     # Prefix of every exchange, queue and Redis key, so deployments and tests
     # can share one broker without seeing each other.
@@ -57,7 +59,6 @@ class Settings(BaseSettings):
     publisher_poll_seconds: float = 0.02
     # How long an executor's claim on a call stays live without a heartbeat.
     claim_lease_seconds: float = 5.0
-    dedupe_ttl_seconds: int = 24 * 3600
     # Comma-separated fault points armed in this process (see shared/faults.py).
     faults: str = ""
 
@@ -91,12 +92,19 @@ class Settings(BaseSettings):
     # permissions it needs (`signoff setup` makes them); off: everyone connects as
     # the user of SIGNOFF_RABBITMQ_URL and the ledger does not check senders.
     broker_identities: bool = True
+    # Each service that uses Redis logs in as its own ACL user (`signoff setup` makes
+    # them), allowed only its own keys and commands; off: it logs in as SIGNOFF_REDIS_URL's user.
+    redis_identities: bool = True
     # RabbitMQ's management API, used by `signoff setup` alone, as an administrator.
     rabbitmq_admin_url: str = "http://guest:guest@localhost:15672/"
     # On PostgreSQL each service logs in as its own role, granted only what it needs
     # (`signoff setup` makes them, as SIGNOFF_DATABASE_URL's user); off: everyone
     # logs in as SIGNOFF_DATABASE_URL's user.
     database_identities: bool = True
+    # `signoff up` run as root runs each service as its own system user, holding only its
+    # own files (services/service_users.py); true: every service as root, sharing every
+    # key: a single-user development deployment, as it says at start. Never in production.
+    single_user: bool = False
     # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
     # port 0: none. `signoff up` gives its children this port plus their index.
     metrics_port: int = 9464
@@ -181,6 +189,32 @@ class Settings(BaseSettings):
         host = url.hostname or "localhost"
         netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{url.port}" if url.port else "")
         return urlunsplit((url.scheme, netloc, url.path, url.query, url.fragment)), user
+
+    def redis_user(self, name: str) -> str:
+        return f"{self.namespace}.{name}"
+
+    def redis_password_file(self, name: str) -> Path:
+        return self.keys_path / "redis" / f"{name}.password"
+
+    def redis_login(self, name: str) -> str:
+        """The Redis URL `name` (a service) logs in with: its own ACL user and the
+        password `signoff setup` made for it, on SIGNOFF_REDIS_URL's host, port and
+        database; without Redis identities, SIGNOFF_REDIS_URL as set."""
+        if not self.redis_identities:
+            return self.redis_url
+        try:
+            password = self.redis_password_file(name).read_text().strip()
+        except FileNotFoundError:
+            raise SystemExit(
+                f"signoff: no Redis password for {self.redis_user(name)} at {self.redis_password_file(name)}; "
+                "run `signoff setup` (or set SIGNOFF_REDIS_IDENTITIES=false to log in as the user of SIGNOFF_REDIS_URL)"
+            ) from None
+        url = urlsplit(self.redis_url)
+        host = url.hostname or "localhost"
+        netloc = f"{quote(self.redis_user(name), safe='')}:{quote(password, safe='')}@{host}" + (
+            f":{url.port}" if url.port else ""
+        )
+        return urlunsplit((url.scheme, netloc, url.path, url.query, url.fragment))
 
     @property
     def is_postgres(self) -> bool:

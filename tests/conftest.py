@@ -1,4 +1,7 @@
 import asyncio
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,29 @@ def _isolated(tmp_path, store):
     deployment = Deployment(store=store, data_dir=tmp_path / "data")
     yield deployment
     asyncio.run(deployment.cleanup())
+
+
+def _reachable_by_service_users(store):
+    """A deployment whose data folder the services' own users can reach: `signoff up`
+    run as root (as CI runs) runs each service as its own user, and pytest's own
+    temporary folders are root's alone (0700)."""
+    require_services(postgres=store == "postgres")
+    base = Path(tempfile.mkdtemp(prefix="signoff-up-", dir="/tmp"))
+    base.chmod(0o755)
+    deployment = Deployment(store=store, data_dir=base / "data")
+    yield deployment
+    asyncio.run(deployment.cleanup())
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def up_pg_deployment():
+    yield from _reachable_by_service_users("postgres")
+
+
+@pytest.fixture
+def up_sqlite_deployment():
+    yield from _reachable_by_service_users("sqlite")
 
 
 @pytest.fixture

@@ -37,8 +37,10 @@ from shared import keyring
 from shared.provisioning import (
     provision_broker,
     provision_database,
+    provision_redis,
     remove_broker_identities,
     remove_database_identities,
+    remove_redis_identities,
 )
 from shared.messages import EVENT
 from shared.settings import PROJECT_ROOT, Settings
@@ -273,6 +275,7 @@ class Deployment:
         channels = sorted(keyring.channels(self.data_dir / "keys"))
         with ThreadPoolExecutor(1) as thread:  # callers may be inside an event loop
             thread.submit(asyncio.run, provision_broker(self.settings, channels)).result()
+            thread.submit(asyncio.run, provision_redis(self.settings)).result()
             thread.submit(asyncio.run, provision_database(self.settings)).result()
         self._set_up = True
 
@@ -395,6 +398,8 @@ class Deployment:
             for name in topology.all_exchange_names():
                 await channel.exchange_delete(name)
         await self.forget_redis()
+        # The ACL users `signoff setup` makes (also when a test ran `signoff setup` itself).
+        await remove_redis_identities(self.settings)
         if self._set_up:
             await remove_broker_identities(self.settings, sorted(keyring.channels(self.data_dir / "keys")))
         if self.store == "postgres":

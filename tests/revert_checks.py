@@ -432,6 +432,28 @@ MUTATIONS = [
    "    return list(dict.fromkeys([runner, *listed]))",
    "tests/integration/test_channels.py::"
    "test_signoff_setup_registers_the_cli_for_the_os_user_and_the_listed_people_and_keeps_them_when_run_again"),
+  ("a Redis seen mark skips a command (the old seen-skip restored)", "shared/consuming.py",
+   "        logs.concerning(message)\n        counted = ",
+   "        logs.concerning(message)\n"
+   "        from redis.asyncio import Redis\n"
+   "        async with Redis.from_url(__import__('os').environ.get('SIGNOFF_REDIS_URL', 'redis://localhost:6379/0')) as r:\n"
+   "            if await r.exists(f'{self.topology.namespace}:seen:{self.consumer}:{message.message_id}'):\n"
+   "                await raw.ack()\n"
+   "                return 'duplicate'\n"
+   "        counted = ",
+   "tests/integration/test_redis_lies.py::test_a_redis_writer_marking_the_approved_call_and_the_next_step_as_seen_drops_neither[sqlite]"),
+  ("signoff up as root does not drop privileges (every service root, one keys folder)", "services/supervisor.py",
+   "        self.isolated = (os.geteuid() == 0 and not settings.single_user) if isolated is None else isolated",
+   "        self.isolated = False",
+   "tests/integration/test_service_users.py::test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only_its_own_keys_and_secrets"),
+  ("signoff up as root gives every service the whole environment", "services/service_users.py",
+   '    env = {k: v for k, v in environ.items() if k in PLAIN_ENVIRONMENT or k.startswith("LC_")}',
+   "    env = dict(environ)",
+   "tests/integration/test_service_users.py::test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only_its_own_keys_and_secrets"),
+  ("compose: the model-step mounts the folder of every key", "docker-compose.yml",
+   "    volumes: [keys-model-step:/keys:ro]",
+   "    volumes: [signoff-keys:/keys:ro]",
+   "tests/unit/test_compose_isolation.py"),
 ]
 
 

@@ -69,10 +69,8 @@ async def run(settings: Settings) -> None:
     # (failed handlers, redeliveries, dead letters). SQLite has one writer: one lane.
     group = GroupCommit(ledger, lanes=LANES if settings.is_postgres else 1, bound=GROUP_BOUND)
     for message_type, model, handler in ROUTES:
-        # No Redis look-up here: the inbox check is one statement inside the
-        # transition's own transaction, cheaper than the two Redis calls that
-        # would only ever save it for the rare duplicate (invariant 8).
-        runtime.consume(message_type, TypeAdapter(model), partial(group.apply, handler), redis_fast_path=False)
+        # A redelivery is recognised by the inbox, one statement inside the transition's own transaction.
+        runtime.consume(message_type, TypeAdapter(model), partial(group.apply, handler))
     parked = asyncio.Semaphore(POOL_SIZE - LANES if settings.is_postgres else 1)
 
     async def apply_parked(message) -> None:

@@ -28,8 +28,9 @@ async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flu
                                                   responder="tester"))
         await console.send(response)
         await next_event(events, "turn.completed")
-        # Forget Redis's fast path: the ledger's inbox alone must drop the duplicate.
-        assert await deployment.forget_redis(), "the consumers' fast path should have remembered what they handled"
+        # Redis holds no "seen" marks (nothing is skipped on its word; invariant 8), and is
+        # flushed anyway: the ledger's inbox alone drops the duplicate.
+        await deployment.forget_redis()
         await console.send(response)
         await console.send(response)
         async with deployment.ledger() as ledger:

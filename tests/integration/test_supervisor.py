@@ -75,8 +75,8 @@ def readyz(url: str) -> int:
 
 
 async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_response_is_applied_once(
-        pg_deployment, sink):
-    deployment = pg_deployment
+        up_pg_deployment, sink):
+    deployment = up_pg_deployment
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN="tok")
     # Four metrics ports in a row, one per child: the first of four free ones.
     base = next(p for p in iter(free_port, None) if p < 65000 and all(port_free(p + i) for i in range(4)))
@@ -87,7 +87,8 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
-        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 60, "all four ready")
+        # As root (CI), four new interpreters under their own users after setup and migrate: a cold start each.
+        await asyncio.to_thread(wait_until, lambda: all(ready_pids(logs, s) for s in SERVICES), 120, "all four ready")
         for index, service in enumerate(SERVICES):  # each child on its own port, printed
             url = f"http://127.0.0.1:{base + index}"
             assert f"signoff: {service} metrics {url}/metrics, health {url}/readyz\n" in output.lines
@@ -99,24 +100,24 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
             await console.respond(requested.request_id, "approve", "", "", "tester")
             completed = await next_event(events, "turn.completed", timeout=30)
             assert completed.text == "Posted."
-        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 10, "a new ledger")
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 2, 30, "a new ledger")
         # Killed again at once: it had been ready and working, so it is no crash loop and gets no backoff.
         os.kill(ready_pids(logs, "approval-ledger")[-1], signal.SIGKILL)
-        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 3, 10, "a third ledger")
+        await asyncio.to_thread(wait_until, lambda: len(ready_pids(logs, "approval-ledger")) == 3, 30, "a third ledger")
         restarts = [line for line in output.lines if line.startswith("signoff: approval-ledger exited")]
         assert restarts == [f"signoff: approval-ledger exited with -9; restarting (log: {logs}/approval-ledger.log)\n"] * 2
         assert sink.counts["/sink"] == 1, "the approved call ran once"
         # The restarted ledger serves on its port again.
-        await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 10, "the new ledger's /readyz")
+        await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 30, "the new ledger's /readyz")
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0, output.text
     assert all(gone(pid) for s in SERVICES for pid in ready_pids(logs, s)), "Ctrl-C left a service running"
 
 
-def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(sqlite_deployment):
+def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(up_sqlite_deployment):
     # What `make run` runs, with its own tools and script (deploy/), on SQLite, the default.
-    env = {k: v for k, v in sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
+    env = {k: v for k, v in up_sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
     demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(demo)
@@ -127,10 +128,10 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         text = output.text
         assert "approval needed: Publish a blog post" in text and "request:   apr_" in text
         assert "tool ran once and closed as output" in text and "final answer: Done" in text
-        assert list((sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
+        assert list((up_sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 0, output.text
-    logs = sqlite_deployment.data_dir / "logs"
+    logs = up_sqlite_deployment.data_dir / "logs"
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
     assert len(pids) == 4 and all(gone(pid) for pid in pids), "Ctrl-C left a service running"

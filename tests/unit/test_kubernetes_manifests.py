@@ -18,7 +18,7 @@ import yaml
 from services.model_step.settings import ModelStepSettings
 from services.publisher.settings import PublisherSettings
 from services.warm_start import SERVICES
-from shared.keyring import CHANNELS, DIGEST_KEY, LEDGER_KEY, LEDGER_PUBLIC_KEY
+from shared.keyring import HELD_BY
 from shared.settings import PROJECT_ROOT
 
 K8S = PROJECT_ROOT / "deploy" / "k8s"
@@ -27,13 +27,7 @@ KUBERNETES_VERSION = "1.31.0"
 # The metrics endpoint's settings (issue 15, served on every service's metrics port).
 METRICS_SETTINGS = {"metrics_host", "metrics_port"}
 # What each service holds in its keys folder (shared/keyring.py's table, Settings.*_password_file).
-KEYS = {
-    "approval-ledger": {LEDGER_KEY, DIGEST_KEY, CHANNELS, "rabbitmq/approval-ledger.password",
-                        "postgres/approval-ledger.password"},
-    "publisher": {"rabbitmq/publisher.password", "postgres/publisher.password"},
-    "model-step": {"rabbitmq/model-step.password"},
-    "tool-executor": {LEDGER_PUBLIC_KEY, "rabbitmq/tool-executor.password", "postgres/tool-executor.password"},
-}
+KEYS = {service: set(files) for service, files in HELD_BY.items()}
 # Two ledgers and two publishers: a replica takes over at once (docs/design.md, "Deploying").
 MIN_REPLICAS = {"approval-ledger": 2, "publisher": 2, "model-step": 1, "tool-executor": 1}
 CLUSTER_WIDE = {"Namespace"}

@@ -1,0 +1,69 @@
+"""docker-compose.yml checked offline (issue 19, hole 4): each service container mounts
+only its own keys volume, read-only, shares no volume with another service, and its
+environment holds no password and no administrator's URL; the setup job alone holds
+every key and the administrators' URLs, and hands each service its own files."""
+
+import re
+from urllib.parse import urlsplit
+
+import yaml
+
+from services.warm_start import SERVICES
+from shared.keyring import HELD_BY
+from shared.settings import PROJECT_ROOT
+
+COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
+ADMIN_SETTINGS = {"SIGNOFF_RABBITMQ_ADMIN_URL"}
+SECRET_NAMES = re.compile(r"KEY$|PASSWORD|TOKEN|SECRET|AUTH")
+
+
+def mounts(service: dict) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of each of a service's volumes (short syntax)."""
+    found = []
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        found.append((source, target, mode[0] if mode else "rw"))
+    return found
+
+
+def test_each_service_mounts_only_its_own_keys_read_only_and_shares_no_volume():
+    services = COMPOSE["services"]
+    seen: dict[str, str] = {}
+    for name in SERVICES:
+        service = services[name]
+        assert mounts(service) == [(f"keys-{name}", "/keys", "ro")], f"{name} mounts only its own keys, read-only"
+        assert service["environment"]["SIGNOFF_KEYS_DIR"] == "/keys"
+        for source, _, _ in mounts(service):
+            assert source not in seen, f"{name} shares {source} with {seen.get(source)}"
+            seen[source] = name
+    assert "signoff-keys" not in seen, "the folder of every key is no service's"
+
+
+def test_no_service_is_told_a_password_or_an_administrators_url():
+    for name in SERVICES:
+        environment = COMPOSE["services"][name]["environment"]
+        assert not ADMIN_SETTINGS & set(environment), name
+        for variable, value in environment.items():
+            assert not SECRET_NAMES.search(variable), f"{name} is given {variable}"
+            for word in str(value).replace(",", " ").split():
+                if "://" in word:
+                    assert urlsplit(word).password is None, f"{name}'s {variable} holds a password"
+
+
+def test_the_setup_job_alone_holds_every_key_and_hands_each_service_exactly_its_own_folder():
+    setup = COMPOSE["services"]["setup"]
+    assert ("signoff-keys", "/data", "rw") in mounts(setup)
+    handed = {target: source for source, target, _ in mounts(setup) if target.startswith("/handout/")}
+    assert handed == {f"/handout/{name}": f"keys-{name}" for name in SERVICES}
+    assert setup["command"] == ["setup", "--hand-out", "/handout"]
+    assert set(HELD_BY) == set(SERVICES)
+    # The administrators' URLs: here, and in no service.
+    assert urlsplit(setup["environment"]["SIGNOFF_REDIS_URL"]).password, "setup logs in to Redis as its administrator"
+    for name, service in COMPOSE["services"].items():
+        if name != "setup":
+            assert "signoff-keys" not in [s for s, _, _ in mounts(service)], name
+
+
+def test_redis_requires_a_password():
+    redis = COMPOSE["services"]["redis"]
+    assert "--requirepass" in redis["command"]
