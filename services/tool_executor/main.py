@@ -21,6 +21,7 @@ from shared.settings import Settings
 from .claims import Claims
 from .handlers import Executor, execute_tool
 from .leases import Leases
+from .tools import tool_data_dir, tools_user
 
 
 async def run(settings: Settings) -> None:
@@ -34,13 +35,20 @@ async def run(settings: Settings) -> None:
     # Every value the tools take from this environment is a secret: never in a log line or a dead letter.
     redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
     know_tools([spec.name for spec in catalogue.tools])
+    if await tools_user() is not None:
+        # Python tools run as a user of their own (tools.py); what is in the data folder
+        # (keys, the SQLite ledger, logs) is none of theirs: they reach their own folder
+        # as their working directory. Group access, if any, is left as it is.
+        data = settings.data_dir.resolve()
+        data.mkdir(parents=True, exist_ok=True)
+        data.chmod(data.stat().st_mode & ~0o007)
     async with httpx.AsyncClient() as http:
         executor = Executor(
             catalogue=catalogue,
             claims=Claims(engine, holder, settings.claim_lease_seconds),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
-            data_dir=settings.data_dir.resolve(),
+            data_dir=tool_data_dir(settings.data_dir.resolve()),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=keyring.ledger_public_key(settings.keys_path),
             max_bytes=settings.max_message_bytes,

@@ -10,6 +10,7 @@ import pytest
 
 from shared.ledger.tables import Closure, ExecutionClaim
 from shared.messages import ExecuteTool, StartTurn, mint
+from services.tool_executor.tools import tool_data_dir
 from tests.fixture_tools import runs_folder
 from tests.harness import assert_nothing_left_in_any_queue, eventually, next_event, rows
 
@@ -31,7 +32,7 @@ async def test_a_python_tool_sleeping_past_its_lease_runs_once_while_its_command
     deployment.start()
     deployment.start("tool-executor#2")  # where a redelivery can land while the first one runs the tool
     session_id = f"{prefix}-{mint('ses')}"
-    folder = runs_folder(deployment.data_dir)
+    folder = runs_folder(tool_data_dir(deployment.data_dir))
     async with deployment.console() as console:
         copies = await console.channel.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")
