@@ -171,14 +171,14 @@ async def reach_for_the_executors_secrets(arguments: dict[str, Any], context: An
     return {
         "settings": sorted(name for name in os.environ if name.startswith("SIGNOFF_")),
         "environment": sorted(os.environ),
-        "other tool's secret": other in os.environ,
+        "other tool's variable seen": other in os.environ,
         "files read": sorted(what for what, data in read.items() if data is not None),
         "processes whose environment was read": {
             "any": len(environments),
             "with settings": sum(b"SIGNOFF_" in e for e in environments.values()),
-            "with the other tool's secret": sum(other.encode() + b"=" in e for e in environments.values()),
+            "with the other tool's variable": sum(other.encode() + b"=" in e for e in environments.values()),
         },
-        "own secret": hashlib.sha256(own.encode()).hexdigest() if own is not None else None,
+        "own variable (sha-256)": hashlib.sha256(own.encode()).hexdigest() if own is not None else None,
         "published as the executor": published,
         "why not": why,
     }

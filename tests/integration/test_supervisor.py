@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from services.tool_executor.tools import tool_data_dir
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
 from tests.harness import SERVICES, free_port, log_records, next_event, start_and_wait_for_approval

@@ -62,19 +62,20 @@ async def test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_a
     closures = {c.call_id: c for c in await rows(deployment, Closure, session_id=session_id)}
     hostile = closures[calls["reach_for_secrets"]]
     assert hostile.kind == "output", f"{hostile.kind}: {hostile.reason_text}"
-    report = hostile.output
-    assert report.get("forged") is None, "the forged tool.completed closed the call"
+    assert "forged" not in hostile.output, "a forged tool.completed closed the call"
+    report = hostile.output["value"]
     assert report["published as the executor"] is False, "it spoke to the broker as the executor"
     assert report["settings"] == [], "it saw the executor's settings"
     assert set(report["environment"]) <= BASICS | {"HOSTILE_OWN_SECRET"}, report["environment"]
-    assert report["other tool's secret"] is False, "it saw another tool's secret"
+    assert report["other tool's variable seen"] is False, "it saw another tool's secret"
     assert report["files read"] == [], f"it read {report['files read']}"
     assert report["processes whose environment was read"]["with settings"] == 0, "it read the executor's environment"
-    assert report["processes whose environment was read"]["with the other tool's secret"] == 0
+    assert report["processes whose environment was read"]["with the other tool's variable"] == 0
     # Its own declared secret was there, whole.
-    assert report["own secret"] == hashlib.sha256(own.encode()).hexdigest()
+    assert report["own variable (sha-256)"] == hashlib.sha256(own.encode()).hexdigest()
 
     # The other tool had its own secret (hidden in its output, as every value a tool reads).
     held = closures[calls["holds_a_secret"]]
-    assert held.kind == "output" and held.output["own"] == REDACTED
-    assert set(held.output["names"]) <= BASICS | {"OTHER_TOOL_SECRET"} and "OTHER_TOOL_SECRET" in held.output["names"]
+    held_output = held.output["value"]
+    assert held.kind == "output" and held_output["own"] == REDACTED
+    assert set(held_output["names"]) <= BASICS | {"OTHER_TOOL_SECRET"} and "OTHER_TOOL_SECRET" in held_output["names"]
