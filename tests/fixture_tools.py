@@ -106,7 +106,7 @@ def reads_its_secret(arguments: dict[str, Any], context: Any) -> dict[str, Any]:
     """What of the environment a tool sees: its declared variable, and the names of the rest."""
     import os
 
-    return {"names": sorted(os.environ), "own": os.environ.get(str(arguments["name"]))}
+    return {"names": sorted(os.environ), "own": os.environ.get(str(arguments["name"])), "uid": os.getuid()}
 
 
 async def reach_for_the_executors_secrets(arguments: dict[str, Any], context: Any) -> dict[str, Any]:

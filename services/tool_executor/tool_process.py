@@ -80,12 +80,12 @@ def result_of(stdout: bytes) -> tuple[Any, str | None]:
     try:
         answer = json.loads(stdout)
     except (ValueError, RecursionError):
-        raise NoResult(f"its answer is not JSON ({len(stdout)} bytes)") from None
+        raise NoResult(f"answered something that is not JSON ({len(stdout)} bytes)") from None
     if isinstance(answer, dict) and set(answer) == {"output"}:
         return answer["output"], None
     if isinstance(answer, dict) and set(answer) == {"error"} and isinstance(answer["error"], str):
         return None, answer["error"]
-    raise NoResult("its answer is neither an output nor an error")
+    raise NoResult("answered neither an output nor an error")
 
 
 def as_json(value: Any) -> Any:
