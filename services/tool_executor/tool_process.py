@@ -188,7 +188,8 @@ def main() -> None:
     os.dup2(2, 1)
     import_path = call["import_path"]
     if call["run_as"] is not None:
-        import_path = _become(*call["run_as"], import_path)
+        uid, gid = call["run_as"]
+        import_path = _become(uid, gid, import_path)
     sys.path[:0] = [p for p in import_path if p not in sys.path]
     os.environ.update(call["env"])
     result = _run(call)

@@ -73,8 +73,17 @@ async def tools_user() -> tuple[int, int] | None:
         except KeyError:
             made = await asyncio.to_thread(
                 subprocess.run,
-                ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-                 "--shell", "/usr/sbin/nologin", TOOLS_USER],
+                [
+                    "useradd",
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "--home-dir",
+                    "/nonexistent",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    TOOLS_USER,
+                ],
                 capture_output=True,
                 text=True,
             )
@@ -165,12 +174,12 @@ async def _run_python(
             _kill(process)
             await process.wait()
     try:
-        output, error = result_of(stdout)
+        output, failure = result_of(stdout)
     except NoResult as garbage:
         said = stderr.decode(errors="replace").strip()
         why = f"exited with {process.returncode}" if process.returncode else str(garbage)
         return ToolResult("error", error=f"the tool's process {why}" + (f": {said}" if said else ""))
-    return ToolResult("output", output) if error is None else ToolResult("error", error=error)
+    return ToolResult("output", output) if failure is None else ToolResult("error", error=failure)
 
 
 async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes, bytes]:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from services.tool_executor.tools import tool_data_dir
 from shared.ledger.tables import Closure, ExecutionClaim
 from shared.messages import ExecuteTool, StartTurn, mint
-from services.tool_executor.tools import tool_data_dir
 from tests.fixture_tools import runs_folder
 from tests.harness import assert_nothing_left_in_any_queue, eventually, next_event, rows
 

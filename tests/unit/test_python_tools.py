@@ -112,7 +112,8 @@ async def test_what_a_tool_prints_on_its_stdout_does_not_disturb_its_result(tmp_
 
 async def test_a_tool_process_that_answers_garbage_is_an_error(tmp_path):
     result = await run_tool(isolated("answers_garbage"), {}, context(tmp_path), None)
-    assert result.outcome == "error" and result.error == "the tool's process answered something that is not JSON (10 bytes)"
+    assert result.outcome == "error"
+    assert result.error == "the tool's process answered something that is not JSON (10 bytes)"
 
 
 async def test_a_tool_process_that_dies_is_an_error_saying_how_it_ended(tmp_path):
