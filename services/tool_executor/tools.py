@@ -141,7 +141,10 @@ async def _run_python(
         run_as = await tools_user()
     except ToolUserMissing as missing:
         return ToolResult("error", error=str(missing))
-    folder = _own_folder(context.data_dir, run_as)
+    try:
+        folder = _own_folder(context.data_dir, run_as)
+    except OSError as error:
+        return ToolResult("error", error=f"the tools' folder cannot be prepared: {type(error).__name__}: {error}")
     call = Call(implementation.function, arguments, context, env, _import_path(), run_as)
     timeout = implementation.timeout_seconds
     deadline = asyncio.timeout(timeout)
