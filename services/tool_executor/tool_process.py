@@ -1,4 +1,4 @@
-"""A python tool's own process: `python -I -m services.tool_executor.tool_process`.
+"""A python tool's own process: `python -I -c "…tool_process import main; main()"`.
 
 The executor starts one per call (`tools.run_tool`) with a clean environment and
 writes the call to its stdin as one JSON object; this process answers on its
@@ -200,10 +200,3 @@ def main() -> None:
     answer.write(data)
     answer.flush()
 
-
-if __name__ == "__main__":
-    # Through the package's module, not this copy run as __main__: a tool that imports
-    # ToolContext gets the class its context is an instance of.
-    from services.tool_executor import tool_process
-
-    tool_process.main()

@@ -154,8 +154,9 @@ async def _run_python(
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",  # no PYTHON* variables, no user site, nothing imported from its working directory
-                "-m",
-                "services.tool_executor.tool_process",
+                "-c",
+                # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
+                "from services.tool_executor.tool_process import main; main()",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
