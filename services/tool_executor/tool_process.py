@@ -199,4 +199,3 @@ def main() -> None:
         data = json.dumps({"error": "the tool's output could not be written as JSON"}).encode()
     answer.write(data)
     answer.flush()
-
