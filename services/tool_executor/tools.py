@@ -177,6 +177,8 @@ async def _run_python(
         if process is not None and process.returncode is None:
             _kill(process)
             await process.wait()
+    if stdout is None:
+        return ToolResult("error", error=f"the tool's process answered more than {RESULT_BYTES >> 20} MiB")
     try:
         output, failure = result_of(stdout)
     except NoResult as garbage:
@@ -186,7 +188,7 @@ async def _run_python(
     return ToolResult("output", output) if failure is None else ToolResult("error", error=failure)
 
 
-async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes, bytes]:
+async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes | None, bytes]:
     """Write the call; read the answer (past RESULT_BYTES the process is killed and the
     answer dropped) and the end of stderr; wait for the process to end."""
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
@@ -198,13 +200,13 @@ async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[b
             await stdin.drain()
             stdin.close()
 
-    async def read_answer() -> bytes:
+    async def read_answer() -> bytes | None:
         answer = b""
         while len(answer) <= RESULT_BYTES and (more := await stdout.read(1 << 20)):
             answer += more
         if len(answer) > RESULT_BYTES:
             _kill(process)
-            return b""
+            return None
         return answer
 
     async def read_tail() -> bytes:
