@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.tool_executor import tools
 from services.tool_executor.tools import ToolContext, run_tool, tools_user
 from shared.catalogue import PythonImplementation, ToolSpec
 from tests.fixture_tools import runs_folder
@@ -158,7 +159,13 @@ def test_only_one_output_or_one_error_is_a_result():
         assert isinstance(result_of_bytes(garbage), str), garbage
 
 
-async def test_a_tool_process_has_its_declared_variables_and_nothing_of_the_executors(tmp_path, monkeypatch):
+@pytest.mark.parametrize("own_user", [True, False], ids=["as the tools user when root", "as the executor's user"])
+async def test_a_tool_process_has_its_declared_variables_and_nothing_of_the_executors(tmp_path, monkeypatch, own_user):
+    if not own_user:
+        async def no_tools_user():
+            return None
+
+        monkeypatch.setattr(tools, "tools_user", no_tools_user)
     monkeypatch.setenv("TOOL_OWN_SECRET", "own-value-123456")
     monkeypatch.setenv("ANOTHER_TOOLS_SECRET", "other-value-654321")
     monkeypatch.setenv("SIGNOFF_RABBITMQ_URL", "amqp://executor:password@localhost/")
@@ -169,8 +176,10 @@ async def test_a_tool_process_has_its_declared_variables_and_nothing_of_the_exec
     assert set(result.output["names"]) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TOOL_OWN_SECRET"}
     # Its value reached the tool (and, read back, is hidden: a value from the environment is a secret).
     assert result.output["own"] in ("own-value-123456", "***redacted***")
-    if os.geteuid() == 0:
+    if own_user and os.geteuid() == 0:
         assert result.output["uid"] == (await tools_user())[0] != 0, "a root executor's tool ran as root"
+    else:
+        assert result.output["uid"] == os.geteuid()
 
 
 async def test_a_declared_variable_the_executor_lacks_is_an_error_before_anything_runs(tmp_path, monkeypatch):
