@@ -101,6 +101,15 @@ def hangs_with_a_child(arguments: dict[str, Any], context: Any) -> None:
     time.sleep(30)
 
 
+def leaves_a_child_behind(arguments: dict[str, Any], context: Any) -> str:
+    """Starts a process that would outlive it (holding its stderr), notes its pid, returns."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    (context.data_dir / "grandchild.pid").write_text(str(child.pid))
+    return "done"
+
+
 def reads_its_secret(arguments: dict[str, Any], context: Any) -> dict[str, Any]:
     """What of the environment a tool sees: its declared variable, and the names of the rest."""
     import os

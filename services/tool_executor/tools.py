@@ -176,7 +176,7 @@ async def _run_python(
     finally:
         if process is not None and process.returncode is None:
             _kill(process)
-            await process.wait()
+            await _ended(process)
     if stdout is None:
         return ToolResult("error", error=f"the tool's process answered more than {RESULT_BYTES >> 20} MiB")
     try:
@@ -190,7 +190,8 @@ async def _run_python(
 
 async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes | None, bytes]:
     """Write the call; read the answer (past RESULT_BYTES the process is killed and the
-    answer dropped) and the end of stderr; wait for the process to end."""
+    answer dropped) and the end of stderr; wait for the process to end, then end what
+    it left behind in its group."""
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
 
@@ -209,15 +210,29 @@ async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[b
             return None
         return answer
 
-    async def read_tail() -> bytes:
-        tail = b""
-        while chunk := await stderr.read(1 << 16):
-            tail = (tail + chunk)[-STDERR_KEPT:]
-        return tail
+    kept = bytearray()
 
-    _, answer, tail = await asyncio.gather(write(), read_answer(), read_tail())
-    await process.wait()
-    return answer, tail
+    async def read_tail() -> None:
+        while chunk := await stderr.read(1 << 16):
+            kept[:] = (kept + chunk)[-STDERR_KEPT:]
+
+    tail = asyncio.create_task(read_tail())
+    try:
+        _, answer = await asyncio.gather(write(), read_answer())
+        await _ended(process)
+        # Whatever the tool left running in its group ends with its call (and lets go of stderr).
+        _kill(process)
+        await asyncio.wait({tail}, timeout=1.0)
+    finally:
+        tail.cancel()
+    return answer, bytes(kept)
+
+
+async def _ended(process: asyncio.subprocess.Process) -> None:
+    """Until the process has exited. Not `wait()`: it also waits for every process that
+    holds one of its pipes, and a tool may leave one behind."""
+    while process.returncode is None:
+        await asyncio.sleep(0.005)
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:

@@ -141,6 +141,18 @@ async def test_a_tool_past_its_timeout_is_killed_with_the_processes_it_started(t
     assert gone(grandchild), "what the tool started outlived its timeout"
 
 
+async def test_a_tool_that_returns_leaving_a_process_behind_answers_at_once_and_the_process_ends(tmp_path):
+    started = time.monotonic()
+    result = await run_tool(isolated("leaves_a_child_behind", timeout=20), {}, context(tmp_path), None)
+    assert (result.outcome, result.output) == ("output", "done")
+    assert time.monotonic() - started < 10, "the call waited for what the tool left behind"
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    deadline = time.monotonic() + 5
+    while not gone(grandchild) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert gone(grandchild), "what the tool left behind outlived its call"
+
+
 def result_of_bytes(data: bytes):
     from services.tool_executor.tool_process import NoResult, result_of
 
