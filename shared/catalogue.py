@@ -20,13 +20,14 @@ from urllib.parse import quote
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared import redaction
 from shared.messages import ApprovalCard, ToolDescription
 from shared.redaction import REDACTED, redact_arguments, redact_url
 
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # JSON Schema keywords that say how an object takes properties it does not list
 # (`patternProperties` alone does not: with it, what matches no pattern is still refused).
 _OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties")
@@ -50,6 +51,20 @@ class PythonImplementation(BaseModel):
     # How long a call may run; past it an outward call is closed as outcome-unknown,
     # a read or idempotent one as an error (services/tool_executor/tools.py).
     timeout_seconds: float = Field(default=60.0, gt=0)
+    # The executor's environment variables this tool reads (its credentials): its own
+    # process gets these and no other (services/tool_executor/tool_process.py); an
+    # unset one is an error, as `${env:…}` is. The executor's own settings are not a tool's.
+    env: list[str] = []
+
+    @field_validator("env")
+    @classmethod
+    def _variables_a_tool_may_have(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable's name")
+            if name.upper().startswith("SIGNOFF_"):
+                raise ValueError(f"{name!r} is one of the executor's own settings, never a tool's")
+        return names
 
 
 class Escalation(BaseModel):
@@ -204,14 +219,22 @@ class ToolCatalogue(BaseModel):
         return self.by_name.get(name)
 
     def env_references(self) -> set[str]:
-        """The environment variables the http tools read (`${env:NAME}` in a URL or header)."""
-        return {
+        """The environment variables the tools read: `${env:NAME}` in an http tool's URL
+        or headers, and a python tool's declared `env`."""
+        http = {
             name
             for tool in self.tools
             if isinstance(tool.implementation, HttpImplementation)
             for text in (tool.implementation.url, *tool.implementation.headers.values())
             for name in env_references(text)
         }
+        python = {
+            name
+            for tool in self.tools
+            if isinstance(tool.implementation, PythonImplementation)
+            for name in tool.implementation.env
+        }
+        return http | python
 
     def descriptions(self) -> list[ToolDescription]:
         return [t.description_for_model() for t in self.tools]

@@ -454,6 +454,26 @@ MUTATIONS = [
    "    volumes: [keys-model-step:/keys:ro]",
    "    volumes: [signoff-keys:/keys:ro]",
    "tests/unit/test_compose_isolation.py"),
+  # Issue 19, hole 4: python tools run in a process of their own, holding only their declared variables.
+  ("python tools run inside the executor again, with its environment, keys and broker identity",
+   "services/tool_executor/tools.py",
+   "        result = await _run_python(implementation, spec, arguments, context)\n",
+   "        from .tool_process import _load, as_json\n"
+   "        value = _load(implementation.function)(arguments, context)\n"
+   "        result = ToolResult(\"output\", as_json(await value if hasattr(value, \"__await__\") else value))\n",
+   "tests/integration/test_tool_isolation.py"),
+  ("a python tool's process inherits the executor's whole environment", "services/tool_executor/tools.py",
+   "                env=_basic_environment(folder),\n",
+   "                env={**os.environ, **_basic_environment(folder)},\n",
+   "tests/integration/test_tool_isolation.py::"
+   "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
+   "tests/unit/test_python_tools.py"),
+  ("a root executor's python tools run as root", "services/tool_executor/tools.py",
+   "        run_as = await tools_user()\n",
+   "        run_as = None\n",
+   "tests/integration/test_tool_isolation.py::"
+   "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
+   "tests/unit/test_python_tools.py"),
 ]
 
 

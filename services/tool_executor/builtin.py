@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import re
-import threading
 from typing import Any
 
-from .tools import ToolContext
-
-_counts: dict[str, int] = {}
-# Python tools run in threads of their own (tools.py): concurrent calls share the counter.
-_counts_lock = threading.Lock()
+# Light on purpose: each call imports this module in a process of its own (tool_process.py).
+from .tool_process import ToolContext
 
 
 def publish_post(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
@@ -30,10 +28,20 @@ def read_clock(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any
 
 
 def count(arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
-    """Increment an in-process counter: a tool that costs nothing, for the benchmark."""
+    """Increment a counter kept in the tools' folder: a tool that costs next to
+    nothing, for the benchmark. Each call runs in a process of its own, so the
+    count is a file, locked while it changes."""
     key = str(arguments.get("counter", "default"))
-    with _counts_lock:
-        _counts[key] = value = _counts.get(key, 0) + 1
+    folder = context.data_dir / "counts"
+    folder.mkdir(parents=True, exist_ok=True)
+    # The name comes from the model: a digest, never a path.
+    with open(folder / hashlib.sha256(key.encode()).hexdigest()[:32], "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        counter.seek(0)
+        value = int(counter.read() or 0) + 1
+        counter.seek(0)
+        counter.truncate()
+        counter.write(str(value))
     return {"counter": key, "value": value}
 
 

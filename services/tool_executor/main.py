@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import stat
 from functools import partial
+from pathlib import Path
 
 import httpx
 from pydantic import TypeAdapter
@@ -21,6 +24,24 @@ from shared.settings import Settings
 from .claims import Claims
 from .handlers import Executor, execute_tool
 from .leases import Leases
+from .tools import ToolUserMissing, tool_data_dir, tools_user
+
+log = logging.getLogger("signoff.tool_executor")
+
+
+async def keep_tools_out(data_dir: Path) -> None:
+    """Python tools run as a user of their own when the executor is root (tools.py): what
+    is in the data folder (keys, the SQLite ledger, logs) is none of theirs, and they
+    reach their own folder in it as their working directory. Group access, if any, is
+    left as it is. Without that user, python calls fail (each says why); the rest runs."""
+    try:
+        if await tools_user() is None:
+            return
+    except ToolUserMissing as missing:
+        log.error("python tools cannot run: %s", missing)
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(stat.S_IMODE(data_dir.stat().st_mode) & ~0o007)
 
 
 async def run(settings: Settings) -> None:
@@ -34,13 +55,14 @@ async def run(settings: Settings) -> None:
     # Every value the tools take from this environment is a secret: never in a log line or a dead letter.
     redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
     know_tools([spec.name for spec in catalogue.tools])
+    await keep_tools_out(settings.data_dir.resolve())
     async with httpx.AsyncClient() as http:
         executor = Executor(
             catalogue=catalogue,
             claims=Claims(engine, holder, settings.claim_lease_seconds),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
-            data_dir=settings.data_dir.resolve(),
+            data_dir=tool_data_dir(settings.data_dir.resolve()),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=keyring.ledger_public_key(settings.keys_path),
             max_bytes=settings.max_message_bytes,

@@ -1,14 +1,15 @@
-"""Tool implementations: `python` (an import path) and `http` (a request template)."""
+"""Tool implementations: `python` (an import path, run in a process of its own) and
+`http` (a request template)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import inspect
-import json
-import threading
-from collections.abc import Callable
+import os
+import pwd
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,20 +28,16 @@ from shared.catalogue import resolve_secrets as resolve
 from shared.messages import Outcome
 from shared.redaction import redact_text, redact_url, redact_value
 
+from .tool_process import RESULT_BYTES, Call, NoResult, ToolContext, result_of
+
+__all__ = ["ToolContext", "ToolResult", "run_tool", "tool_data_dir", "tools_user"]
+
 # A call's error as reported, recorded and said to the model: enough to say why.
 ERROR_CHARS = 1000
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a python tool gets besides its arguments."""
-
-    call_id: str
-    session_id: str
-    # The same on every retry of this call: pass it to any API that deduplicates.
-    idempotency_key: str
-    attempt: int
-    data_dir: Path
+# What is kept of a tool process's stderr, to say why it died.
+STDERR_KEPT = 4096
+# Who python tools run as when the executor is root: a user that owns nothing of Signoff's.
+TOOLS_USER = "signoff-tools"
 
 
 @dataclass(frozen=True)
@@ -50,13 +47,57 @@ class ToolResult:
     error: str | None = None
 
 
-class ToolFailed(Exception):
+def tool_data_dir(data_dir: Path) -> Path:
+    """The python tools' folder in a deployment's data folder (their `context.data_dir`):
+    theirs alone, apart from the keys, the ledger file and the logs."""
+    return data_dir / "tools"
+
+
+class ToolUserMissing(Exception):
     pass
 
 
-def _import(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+_tools_user: tuple[int, int] | None = None
+
+
+async def tools_user() -> tuple[int, int] | None:
+    """(uid, gid) python tools run as: None when the executor is not root (a tool then
+    runs as the executor's user, docs/design.md says what that leaves open); as root,
+    TOOLS_USER, made if missing (a system user with no home and no shell). Never root."""
+    global _tools_user
+    if os.geteuid() != 0:
+        return None
+    if _tools_user is None:
+        try:
+            entry = pwd.getpwnam(TOOLS_USER)
+        except KeyError:
+            made = await asyncio.to_thread(
+                subprocess.run,
+                [
+                    "useradd",
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "--home-dir",
+                    "/nonexistent",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    TOOLS_USER,
+                ],
+                capture_output=True,
+                text=True,
+            )
+            try:  # made now, or by another executor meanwhile
+                entry = pwd.getpwnam(TOOLS_USER)
+            except KeyError:
+                raise ToolUserMissing(
+                    f"python tools never run as root, and the user {TOOLS_USER!r} could not be made: "
+                    f"{made.stderr.strip()[:200]}"
+                ) from None
+        if entry.pw_uid == 0:
+            raise ToolUserMissing(f"the user {TOOLS_USER!r} is root; python tools never run as root")
+        _tools_user = (entry.pw_uid, entry.pw_gid)
+    return _tools_user
 
 
 async def run_tool(
@@ -84,69 +125,143 @@ async def run_tool(
 async def _run_python(
     implementation: PythonImplementation, spec: ToolSpec, arguments: dict[str, Any], context: ToolContext
 ) -> ToolResult:
-    """A plain function runs in a thread of its own, an `async def` one on the loop:
-    either way the loop stays free, so the claim's heartbeat keeps beating however
-    long the tool takes (a lapsed claim would let a redelivery run the call again,
-    or close it as outcome-unknown while it still runs). Past the declared timeout
-    the call ends: an outward one as outcome-unknown (it may have had its effect, or
-    still have it: a thread cannot be stopped), a read or idempotent one as an error."""
+    """The call runs in a process of its own (`tool_process`) that holds only the
+    variables the tool declares and, when the executor is root, runs as TOOLS_USER:
+    a tool cannot read the executor's keys, passwords, settings or memory, nor
+    another tool's secrets, nor speak to the broker as the executor. The loop stays
+    free meanwhile, so the claim's heartbeat keeps beating however long the tool
+    takes. Past the declared timeout the process is killed and the call ends: an
+    outward one as outcome-unknown (it may have had its effect), a read or idempotent
+    one as an error. A process that dies or answers garbage is an error result."""
     try:
-        function = _import(implementation.function)
-    except Exception as error:
-        return ToolResult("error", error=f"{type(error).__name__}: {error}")
+        env = {name: resolve(f"${{env:{name}}}") for name in implementation.env}
+    except MissingSecret as missing:
+        return ToolResult("error", error=f"the executor cannot make this call: {missing}")
+    try:
+        run_as = await tools_user()
+    except ToolUserMissing as missing:
+        return ToolResult("error", error=str(missing))
+    try:
+        folder = _own_folder(context.data_dir, run_as)
+    except OSError as error:
+        return ToolResult("error", error=f"the tools' folder cannot be prepared: {type(error).__name__}: {error}")
+    call = Call(implementation.function, arguments, context, env, _import_path(), run_as)
     timeout = implementation.timeout_seconds
     deadline = asyncio.timeout(timeout)
+    process = None
     try:
         async with deadline:
-            if inspect.iscoroutinefunction(function):
-                value = await function(arguments, context)
-            else:
-                value = await _in_thread(function, arguments, context)
-                if inspect.isawaitable(value):
-                    value = await value
-    except Exception as error:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",  # no PYTHON* variables, no user site, nothing imported from its working directory
+                "-c",
+                # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
+                "from services.tool_executor.tool_process import main; main()",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=folder,
+                env=_basic_environment(folder),
+                # A group of its own: a timeout kills whatever the tool started too.
+                start_new_session=True,
+            )
+            stdout, stderr = await _exchange(process, call.encode())
+    except OSError as error:
         if isinstance(error, TimeoutError) and deadline.expired():
             late = f"the tool did not finish within {timeout:g} s"
             # It may have had its effect, or have it yet: say so rather than guess (invariant 4).
             return ToolResult("outcome_unknown" if spec.effect == "outward" else "error", error=late)
-        return ToolResult("error", error=f"{type(error).__name__}: {error}")
-    return ToolResult("output", _as_json(value))
-
-
-def _in_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-    """`function(*args)` in a new daemon thread: one that never returns holds no pool
-    worker and no process exit, and everything a tool raises (SystemExit too) is its result."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any, error: BaseException | None) -> None:
-        if future.done():  # timed out and abandoned
-            return
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error if isinstance(error, Exception) else ToolFailed(repr(error)))
-
-    def work() -> None:
-        try:
-            value, error = function(*args), None
-        except BaseException as raised:
-            value, error = None, raised
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, value, error)
-
-    threading.Thread(target=work, name=f"tool:{getattr(function, '__name__', 'python')}", daemon=True).start()
-    return future
-
-
-def _as_json(value: Any) -> Any:
-    """The output as JSON values: it is recorded in the claim row and reported, and a
-    value neither can hold (a datetime, a set) would fail the call after it ran."""
+        # No process to run it in: nothing ran.
+        return ToolResult("error", error=f"the tool's process could not start: {type(error).__name__}: {error}")
+    finally:
+        if process is not None and process.returncode is None:
+            _kill(process)
+            await _ended(process)
+    if stdout is None:
+        return ToolResult("error", error=f"the tool's process answered more than {RESULT_BYTES >> 20} MiB")
     try:
-        # NaN and infinities are not JSON (PostgreSQL refuses them): null, as pydantic writes them.
-        return json.loads(json.dumps(value, default=repr), parse_constant=lambda _: None)
-    except (TypeError, ValueError, RecursionError):  # keys that are not strings, cycles, depth
-        return repr(value)[:10_000]
+        output, failure = result_of(stdout)
+    except NoResult as garbage:
+        said = stderr.decode(errors="replace").strip()
+        why = f"exited with {process.returncode}" if process.returncode else str(garbage)
+        return ToolResult("error", error=f"the tool's process {why}" + (f": {said}" if said else ""))
+    return ToolResult("output", output) if failure is None else ToolResult("error", error=failure)
+
+
+async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes | None, bytes]:
+    """Write the call; read the answer (past RESULT_BYTES the process is killed and the
+    answer dropped) and the end of stderr; wait for the process to end, then end what
+    it left behind in its group."""
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+
+    async def write() -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            stdin.write(call)
+            await stdin.drain()
+            stdin.close()
+
+    async def read_answer() -> bytes | None:
+        answer = b""
+        while len(answer) <= RESULT_BYTES and (more := await stdout.read(1 << 20)):
+            answer += more
+        if len(answer) > RESULT_BYTES:
+            _kill(process)
+            return None
+        return answer
+
+    kept = bytearray()
+
+    async def read_tail() -> None:
+        while chunk := await stderr.read(1 << 16):
+            kept[:] = (kept + chunk)[-STDERR_KEPT:]
+
+    tail = asyncio.create_task(read_tail())
+    try:
+        _, answer = await asyncio.gather(write(), read_answer())
+        await _ended(process)
+        # Whatever the tool left running in its group ends with its call (and lets go of stderr).
+        _kill(process)
+        await asyncio.wait({tail}, timeout=1.0)
+    finally:
+        tail.cancel()
+    return answer, bytes(kept)
+
+
+async def _ended(process: asyncio.subprocess.Process) -> None:
+    """Until the process has exited. Not `wait()`: it also waits for every process that
+    holds one of its pipes, and a tool may leave one behind."""
+    while process.returncode is None:
+        await asyncio.sleep(0.005)
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _basic_environment(folder: Path) -> dict[str, str]:
+    """What any program expects to find, and nothing of the executor's (the tool's
+    declared variables come on stdin, `Call.env`, out of /proc/<pid>/environ)."""
+    basics = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ") if name in os.environ}
+    basics.setdefault("PATH", os.defpath)
+    return {**basics, "HOME": str(folder)}
+
+
+def _import_path() -> list[str]:
+    """The executor's import path, its working directory by name: the tool imports what it did."""
+    return [entry or os.getcwd() for entry in sys.path]
+
+
+def _own_folder(folder: Path, run_as: tuple[int, int] | None) -> Path:
+    """The tools' folder, made if missing; the tools' user's alone when there is one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if run_as is not None:
+        status = folder.stat()
+        if (status.st_uid, status.st_gid) != run_as:
+            os.chown(folder, *run_as)
+        folder.chmod(0o700)
+    return folder
 
 
 async def _run_http(

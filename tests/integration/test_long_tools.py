@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from services.tool_executor.tools import tool_data_dir
 from shared.ledger.tables import Closure, ExecutionClaim
 from shared.messages import ExecuteTool, StartTurn, mint
 from tests.fixture_tools import runs_folder
@@ -31,7 +32,7 @@ async def test_a_python_tool_sleeping_past_its_lease_runs_once_while_its_command
     deployment.start()
     deployment.start("tool-executor#2")  # where a redelivery can land while the first one runs the tool
     session_id = f"{prefix}-{mint('ses')}"
-    folder = runs_folder(deployment.data_dir)
+    folder = runs_folder(tool_data_dir(deployment.data_dir))
     async with deployment.console() as console, deployment.observer() as observer:
         copies = await observer.declare_queue(exclusive=True)
         await copies.bind(f"{deployment.namespace}.commands", routing_key="tool.execute")

@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from services.tool_executor.tools import tool_data_dir
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
 from tests.harness import SERVICES, free_port, log_records, next_event, start_and_wait_for_approval
@@ -128,7 +129,8 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         text = output.text
         assert "approval needed: Publish a blog post" in text and "request:   apr_" in text
         assert "tool ran once and closed as output" in text and "final answer: Done" in text
-        assert list((up_sqlite_deployment.data_dir / "published").glob("*.md")), "the approved post was written"
+        published = tool_data_dir(up_sqlite_deployment.data_dir) / "published"
+        assert list(published.glob("*.md")), "the approved post was written"
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 0, output.text
