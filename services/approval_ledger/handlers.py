@@ -402,7 +402,7 @@ async def _close_altered(
     records.alert(uow, session, call, refused.reason_code, refused.reason_text, response)
     session.updated_at = uow.now
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await records.resumption(uow, session, call.turn_id, resumed, ledger.catalogue, response)
+    await _resume(ledger, uow, session, call.turn_id, resumed, response)
 
 
 async def _decide(
