@@ -148,7 +148,7 @@ async def test_arguments_swapped_in_the_database_after_the_decision_are_refused_
         failed = await next_event(events, "turn.failed", timeout=30)
         assert failed.reason_code == "message_parked"
         [claim] = await rows(deployment, ExecutionClaim, call_id=requested.call_id)
-        assert (claim.holder, claim.result) == ("ledger", {"error": "cancelled before it ran"}), "no executor claimed it"
+        assert (claim.holder, claim.result) == ("ledger", {"error": "cancelled before it ran"}), "no executor took it"
     assert sink.counts["/sink"] == 0, "nothing ran"
 
 
