@@ -5,14 +5,18 @@ run, and the executor runs nothing it cannot verify came from the ledger
 The ledger seals the call id, session, tool, a fingerprint of the exact
 arguments, the basis (a person's approval of a request, or the catalogue's policy
 that needs none) and an expiry. The executor checks the seal with the ledger's
-public key and every field against the command it came with. Pure.
+public key and every field against the command it came with, and keeps it in its
+execution claim, where the ledger checks it again before it believes the claim's
+result. When it mints an approval request, the ledger also seals the call the person
+is asked about (`seal_request`), kept in the request's row: the executor checks the
+call's row against it, so rows rewritten in the database never run. Pure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -55,15 +59,12 @@ def authorize(
     )
 
 
-def verify_authorization(key: Ed25519PublicKey, command: ExecuteTool, *, at: datetime) -> Authorization:
-    """The authorization a command carries, if the ledger sealed it for exactly this
-    call, tool and arguments and it has not expired; Unverified (with a reason code)
-    otherwise."""
-    if not command.authorization:
-        raise Unverified("unauthorized", "the command carries no authorization from the ledger")
-    claims = unseal(key, command.authorization)
+def read_authorization(key: Ed25519PublicKey, token: str) -> Authorization:
+    """What an authorization token grants, if the ledger sealed it; Unverified otherwise.
+    A request's seal (`seal_request`) has no basis nor expiry, so it never reads as one."""
+    claims = unseal(key, token)
     try:
-        granted = Authorization(
+        return Authorization(
             call_id=claims["call_id"],
             session_id=claims["session_id"],
             tool=claims["tool"],
@@ -74,9 +75,84 @@ def verify_authorization(key: Ed25519PublicKey, command: ExecuteTool, *, at: dat
         )
     except (KeyError, TypeError, ValueError):
         raise Unverified("bad_signature", "the authorization's claims are incomplete") from None
+
+
+def verify_authorization(key: Ed25519PublicKey, command: ExecuteTool, *, at: datetime) -> Authorization:
+    """The authorization a command carries, if the ledger sealed it for exactly this
+    call, tool and arguments and it has not expired; Unverified (with a reason code)
+    otherwise."""
+    if not command.authorization:
+        raise Unverified("unauthorized", "the command carries no authorization from the ledger")
+    granted = read_authorization(key, command.authorization)
     asked = (command.call_id, command.session_id, command.tool, arguments_fingerprint(command.arguments))
     if (granted.call_id, granted.session_id, granted.tool, granted.arguments) != asked:
         raise Unverified("altered", "the command is not the call the ledger authorized (call, tool or arguments)")
     if granted.expires_at <= at:
         raise Unverified("expired", f"the authorization expired at {granted.expires_at.isoformat()}")
     return granted
+
+
+def authorizes_call(
+    key: Ed25519PublicKey, token: str | None, *, call_id: str, session_id: str, tool: str, arguments: dict[str, Any]
+) -> bool:
+    """Whether `token` is the ledger's authorization of exactly this call, tool and
+    arguments (the ledger checks the one an execution claim was taken under; a result
+    may outlive the authorization's expiry, so expiry is not checked here)."""
+    if not token:
+        return False
+    try:
+        granted = read_authorization(key, token)
+    except Unverified:
+        return False
+    return (granted.call_id, granted.session_id, granted.tool, granted.arguments) == (
+        call_id,
+        session_id,
+        tool,
+        arguments_fingerprint(arguments),
+    )
+
+
+# --- the ledger's seal on a request, made when it is minted ---------------------------
+
+REQUEST_SEAL = "approval_request"
+
+
+def seal_request(
+    key: Ed25519PrivateKey, *, request_id: str, call_id: str, session_id: str, tool: str, arguments: dict[str, Any]
+) -> str:
+    """The ledger's signature, made when it mints a request, over the call the person
+    is asked about: its id, tool and argument fingerprint. Kept in the request's row;
+    the executor checks it against the call's row and the command before it claims, so
+    arguments swapped in the database (which anyone with the ledger's role, or the
+    SQLite file, can write) never run: re-sealing needs the ledger's private key."""
+    return seal(
+        key,
+        {
+            "sealed": REQUEST_SEAL,
+            "request_id": request_id,
+            "call_id": call_id,
+            "session_id": session_id,
+            "tool": tool,
+            "arguments": arguments_fingerprint(arguments),
+        },
+    )
+
+
+def request_seal_names(
+    key: Ed25519PublicKey, token: str | None, *, request_id: str | None, call_id: str, tool: str, fingerprint: str
+) -> bool:
+    """Whether `token` is the ledger's seal of this request over this call, tool and arguments."""
+    if not token or request_id is None:
+        return False
+    try:
+        claims = unseal(key, token)
+    except Unverified:
+        return False
+    named = (
+        claims.get("sealed"),
+        claims.get("request_id"),
+        claims.get("call_id"),
+        claims.get("tool"),
+        claims.get("arguments"),
+    )
+    return named == (REQUEST_SEAL, request_id, call_id, tool, fingerprint)

@@ -87,7 +87,7 @@ MUTATIONS = [
    "tests/integration/test_trust.py::test_forged_stale_replayed_and_unauthorized_responses_are_refused_and_a_signed_one_counts_once"),
   ("the executor trusts any authorization the ledger's key sealed (no check against the ledger's rows)",
    "services/tool_executor/claims.py",
-   "        refusal = ledger_allows(record and CallOnRecord(*record[:4]), granted, tool, fingerprint)",
+   "        refusal = ledger_allows(record and CallOnRecord(*record[:5]), granted, tool, fingerprint, self.ledger_key)",
    "        refusal = None",
    "tests/integration/test_trust.py::test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_an_operator"),
   ("an expired authorization still runs", "shared/authorization.py",
@@ -474,6 +474,31 @@ MUTATIONS = [
    "tests/integration/test_tool_isolation.py::"
    "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
    "tests/unit/test_python_tools.py"),
+  # Issue 19, hole 5: the ledger believes its rows, not the messenger.
+  ("the ledger takes a tool's result from the report, not from the executor's finished claim",
+   "services/approval_ledger/handlers.py",
+   "    refused = domain.judge_claim(claim, sealed=sealed)\n",
+   "    refused = None\n    claim = domain.ClaimOnRecord(\"finished\", report.outcome, "
+   "{\"output\": report.output, \"error\": report.error})\n",
+   "tests/integration/test_ledger_trusts_its_rows.py::test_a_forged_tool_result_for_an_approved_call_not_yet_run_closes_nothing_and_the_real_run_closes_it_once"),
+  ("the ledger believes a finished claim whatever authorization it was taken under",
+   "services/approval_ledger/handlers.py",
+   "    sealed = claim is not None and ledger.authority.sealed_claim(",
+   "    sealed = claim is not None or ledger.authority.sealed_claim(",
+   "tests/integration/test_ledger_trusts_its_rows.py::test_a_finished_claim_written_straight_into_the_database_without_the_ledgers_authorization_is_not_believed"),
+  ("the ledger seals the call's row as it stands, without recomputing the digest the person approved",
+   "services/approval_ledger/handlers.py",
+   "        altered = _judge_arguments_on_record(ledger, request, step, response)",
+   "        altered = None",
+   "tests/integration/test_ledger_trusts_its_rows.py::test_arguments_swapped_in_the_database_before_the_approval_never_run_and_the_call_closes_as_altered"),
+  ("the executor skips the request's seal", "services/tool_executor/claims.py",
+   "    if not request_seal_names(",
+   "    if False and not request_seal_names(",
+   "tests/unit/test_claim_decisions.py::test_without_a_matching_call_approval_and_request_seal_on_record_nothing_runs"),
+  ("the executor checks the call's tool but not its arguments on record", "services/tool_executor/claims.py",
+   "    if call.tool != tool or arguments_fingerprint(call.arguments) != fingerprint:",
+   "    if call.tool != tool:",
+   "tests/integration/test_ledger_trusts_its_rows.py::test_arguments_swapped_in_the_database_after_the_decision_are_refused_by_the_executor_and_never_run"),
 ]
 
 

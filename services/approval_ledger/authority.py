@@ -1,17 +1,19 @@
 """What only the ledger can do, with the keys only it holds: compute a request's
-digest, seal an authorization for the executor, and know the channels that may
+digest, seal a request's call and an authorization for the executor, check that an
+execution claim was taken under its authorization, and know the channels that may
 speak for people (their public keys)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from shared import keyring
-from shared.authorization import authorize
+from shared.authorization import authorize, authorizes_call, seal_request
 from shared.keyring import Channel
 from shared.messages import ExecuteTool
 from shared.settings import Settings
@@ -39,6 +41,34 @@ class Authority:
 
     def digest(self, request_id: str, tool: str, version: str, arguments: dict[str, Any]) -> str:
         return request_digest(self.digest_key, request_id=request_id, tool=tool, version=version, arguments=arguments)
+
+    @functools.cached_property
+    def public_key(self) -> Ed25519PublicKey:
+        return self.signing_key.public_key()
+
+    def seal_request(self, request_id: str, call_id: str, session_id: str, tool: str, arguments: dict[str, Any]) -> str:
+        """The seal the executor checks the call's row against before it runs an approval of it."""
+        return seal_request(
+            self.signing_key,
+            request_id=request_id,
+            call_id=call_id,
+            session_id=session_id,
+            tool=tool,
+            arguments=arguments,
+        )
+
+    def sealed_claim(
+        self, authorization: str | None, *, call_id: str, session_id: str, tool: str, arguments: dict[str, Any]
+    ) -> bool:
+        """Whether a claim's authorization is the ledger's own for exactly this call, tool and arguments."""
+        return authorizes_call(
+            self.public_key,
+            authorization,
+            call_id=call_id,
+            session_id=session_id,
+            tool=tool,
+            arguments=arguments,
+        )
 
     def authorize(self, command: ExecuteTool, *, request_id: str | None, at: datetime) -> ExecuteTool:
         """The command with the ledger's seal on it."""

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from shared.catalogue import ToolCatalogue, ToolSpec
 from shared.keyring import Channel
-from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, ToolExecuted, TranscriptEntry
+from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, TranscriptEntry
 from shared.signatures import verify
 from shared.topology import Topology
 
@@ -345,6 +345,30 @@ def judge_response(
     return None
 
 
+ALTERED = Refusal(
+    "altered",
+    "The call's arguments on record are not the ones the person approved (or its tool changed version since); "
+    "it was not run and is closed.",
+)
+
+
+def judge_arguments(on_record: str, approved: str) -> Refusal | None:
+    """An approval seals the call as its row holds it now, so the ledger recomputes the
+    request's digest from the row (`on_record`) and compares it with the digest the
+    person approved: a row rewritten in the database since the card was shown (by
+    anyone with the ledger's role, or the SQLite file) is refused, never run."""
+    return None if hmac.compare_digest(on_record, approved) else ALTERED
+
+
+def closure_of_altered() -> ClosureOnRecord:
+    """The call whose row no longer holds what the person approved closes honestly, unrun."""
+    return ClosureOnRecord(
+        "error",
+        reason_code="altered",
+        reason_text="Not run: its arguments on record were changed after the person was asked; an operator was told.",
+    )
+
+
 def has_expired(request: RequestOnRecord, at: datetime | None) -> bool:
     return at is not None and request.expires_at is not None and request.expires_at <= at
 
@@ -515,26 +539,40 @@ def judge_tool_report(call: Call | None, session_id: str) -> Literal["unknown", 
     return "apply"
 
 
-OUTPUT_NOT_IN_CLAIM = (
-    "The tool ran, but its output, too large for a message, is not in its execution claim as its executor said."
+NOT_CLAIMED = Refusal(
+    "not_claimed",
+    "No finished execution claim, taken under the ledger's authorization of this call, is on record: a tool's "
+    "result is read from its claim, never from the report; nothing was closed.",
 )
 
 
-def closure_of_outcome(report: ToolExecuted, claimed: ClaimOnRecord | None = None) -> ClosureOnRecord:
-    """Tool outcome → closure: the output, the tool's error, or outcome-unknown (invariant 4).
-    An output too large for the report is the one the executor recorded in its claim
-    (`claimed`): kept whole, never lost."""
-    if report.outcome == "output":
-        if not report.output_in_claim:
-            return ClosureOnRecord("output", output=report.output)
-        if claimed is None or claimed.outcome != "output":
-            return ClosureOnRecord("error", reason_code="output_missing", reason_text=OUTPUT_NOT_IN_CLAIM)
-        return ClosureOnRecord("output", output=(claimed.result or {}).get("output"))
-    if report.outcome == "error":
-        return ClosureOnRecord("error", reason_code="tool_failed", reason_text=report.error)
-    return ClosureOnRecord(
-        "outcome_unknown", reason_code="outcome_unknown", reason_text=report.error or OUTCOME_UNKNOWN_TEXT
-    )
+def judge_claim(claim: ClaimOnRecord | None, *, sealed: bool) -> Refusal | None:
+    """A tool's result counts only once the executor durably claimed the call, under
+    the ledger's authorization of exactly this call, tool and arguments (`sealed`), and
+    recorded the result in that claim: the report is a notice, never the result. A
+    report with no such claim behind it can only be forged (a tool holds the executor's
+    broker identity): refused, and the real run closes the call later."""
+    if claim is None or claim.status != "finished" or not sealed:
+        return NOT_CLAIMED
+    return None
+
+
+def closure_of_claim(claim: ClaimOnRecord) -> ClosureOnRecord:
+    """A finished claim's recorded outcome → the call's closure: the output, the tool's
+    error, or outcome-unknown (invariant 4). Read from the claim row, kept whole there
+    whatever the report carried."""
+    result = claim.result or {}
+    if claim.outcome == "output":
+        return ClosureOnRecord("output", output=result.get("output"))
+    error = result.get("error")
+    error = None if error is None else str(error)[:ERROR_CHARS]
+    if claim.outcome == "error":
+        return ClosureOnRecord("error", reason_code="tool_failed", reason_text=error)
+    return ClosureOnRecord("outcome_unknown", reason_code="outcome_unknown", reason_text=error or OUTCOME_UNKNOWN_TEXT)
+
+
+# As much of a tool's error as a report could carry.
+ERROR_CHARS = 4000
 
 
 def needs_operator(closure: ClosureOnRecord) -> bool:
@@ -616,6 +654,8 @@ class ClaimOnRecord:
     holder: str | None = None
     attempts: int = 0
     claimed_at: datetime | None = None
+    # The ledger's authorization it was taken under (None: the ledger's own hold-back, or older).
+    authorization: str | None = None
 
 
 CANCELLED_BEFORE_RUNNING = "cancelled before it ran"

@@ -347,6 +347,7 @@ async def _plan_and_record_calls(
                 escalate_at=domain.escalation_time(uow.now, plan.spec),
                 attempt=domain.producing_attempt(cause.attempts),
                 run_id=ledger.run_id,
+                call_seal=ledger.authority.seal_request(request_id, call.id, session.id, call.tool, call.arguments),
             )
         else:
             records.execution(uow, session, call, cause, ledger.authority, request_id=None, stored=False)
@@ -375,12 +376,56 @@ async def respond_to_approval(
         records.refusal(uow, session, response, refused)
         return
     assert session is not None and request is not None
+    if response.decision == "approve":
+        altered = _judge_arguments_on_record(ledger, request, step, response)
+        if altered:
+            await _close_altered(ledger, uow, session, request, step, response, altered)
+            return
     counted = domain.tally(policy, request, response.decision)
     records.accepted(uow, session, request, response, counted)
     if not counted.decides:
         records.approval_counted(uow, session, request, response, counted)
         return
     await _decide(ledger, uow, session, request, step, response)
+
+
+def _judge_arguments_on_record(
+    ledger: Ledger, request: domain.RequestOnRecord, step: reads.StepCalls, response: RespondToApproval
+) -> domain.Refusal | None:
+    """The request's digest recomputed from the call's row as it stands (what an approval
+    would seal and run), against the digest the person approved (invariant 6)."""
+    call = step.find(request.call_id)
+    spec = ledger.catalogue.get(request.tool)
+    if call is None or spec is None:
+        return domain.ALTERED
+    on_record = ledger.authority.digest(request.id, call.tool, spec.version, call.arguments)
+    return domain.judge_arguments(on_record, response.args_digest)
+
+
+async def _close_altered(
+    ledger: Ledger,
+    uow: UnitOfWork,
+    session: SessionState,
+    request: domain.RequestOnRecord,
+    step: reads.StepCalls,
+    response: RespondToApproval,
+    refused: domain.Refusal,
+) -> None:
+    """The call's row no longer holds what the person approved: nothing is decided or
+    run, the request and its call close honestly, an operator is told, and the step
+    resumes if it can."""
+    call = step.find(request.call_id)
+    assert call is not None, f"request {request.id} without its call"
+    log.error("call %s: its arguments on record differ from the ones approved in %s", call.id, request.id)
+    records.refusal(uow, session, response, refused)
+    uow.update(records.APPROVAL_REQUESTS, request.id, status="altered")
+    when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "altered").inc)
+    closed = domain.closure_of_altered()
+    records.closure(uow, session, call, closed, response)
+    records.alert(uow, session, call, refused.reason_code, refused.reason_text, response)
+    session.updated_at = uow.now
+    resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
+    await _resume(ledger, uow, session, call.turn_id, resumed, response)
 
 
 async def _decide(
@@ -437,19 +482,32 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         # but the inbox row keeps it from being looked at again.
         log.info("ignored a report for call %s in status %s", call.id, call.status)
         return
-    # An output too large for the report is read from the executor's claim (kept whole, never lost).
-    claim = await reads.claim(uow, call.id, with_result=report.output_in_claim)
-    if claim is not None:
-        uow.audit(
-            session,
-            session.id,
-            "execution.claimed",
-            subject=call.id,
-            actor=claim.holder,
-            message_id=report.message_id,
-            attempt=claim.attempts,
-            claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
+    # The result is the one the executor recorded in its claim, taken under the ledger's
+    # own authorization of this call: the report only says it is there (and may be forged).
+    claim = await reads.claim(uow, call.id)
+    sealed = claim is not None and ledger.authority.sealed_claim(
+        claim.authorization, call_id=call.id, session_id=call.session_id, tool=call.tool, arguments=call.arguments
+    )
+    refused = domain.judge_claim(claim, sealed=sealed)
+    if refused:
+        log.warning("refused a report for call %s: %s", call.id, refused.reason_code)
+        records.refusal(uow, session, report, refused)
+        records.alert(
+            uow, session, call, refused.reason_code, f"A tool.completed was refused: {refused.reason_text}", report
         )
+        return
+    assert claim is not None
+    closed = domain.closure_of_claim(claim)
+    uow.audit(
+        session,
+        session.id,
+        "execution.claimed",
+        subject=call.id,
+        actor=claim.holder,
+        message_id=report.message_id,
+        attempt=claim.attempts,
+        claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
+    )
     uow.audit(
         session,
         session.id,
@@ -457,11 +515,10 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         subject=call.id,
         actor=sender.get(),
         message_id=report.message_id,
-        outcome=report.outcome,
-        output_digest=None if report.output is None else digest_of(report.output),
-        error_digest=None if report.error is None else digest_of(report.error),
+        outcome=claim.outcome,
+        output_digest=None if closed.output is None else digest_of(closed.output),
+        error_digest=None if closed.kind == "output" or closed.reason_text is None else digest_of(closed.reason_text),
     )
-    closed = domain.closure_of_outcome(report, claim)
     records.closure(uow, session, call, closed, report)
     if domain.needs_operator(closed):
         records.operator_alert(uow, session, call, closed, report)

@@ -304,21 +304,26 @@ async def turn_spend(uow: UnitOfWork, session_id: str, turn_id: str) -> TurnSpen
     return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
 
 
-_CLAIM_COLUMNS = (CLAIMS.c.status, CLAIMS.c.outcome, CLAIMS.c.holder, CLAIMS.c.attempts, CLAIMS.c.claimed_at)
-_CLAIM = select(*_CLAIM_COLUMNS).where(CLAIMS.c.call_id == bindparam("call_id"))
-_CLAIM_WITH_RESULT = select(*_CLAIM_COLUMNS, CLAIMS.c.result).where(CLAIMS.c.call_id == bindparam("call_id"))
+_CLAIM = select(
+    CLAIMS.c.status,
+    CLAIMS.c.outcome,
+    CLAIMS.c.holder,
+    CLAIMS.c.attempts,
+    CLAIMS.c.claimed_at,
+    CLAIMS.c.result,
+    CLAIMS.c.authorization,
+).where(CLAIMS.c.call_id == bindparam("call_id"))
 
 
-async def claim(uow: UnitOfWork, call_id: str, *, with_result: bool = False) -> ClaimOnRecord | None:
-    """The executor's claim on a call as it stands; its recorded result only when asked
-    for (it may be a megabyte)."""
-    query = _CLAIM_WITH_RESULT if with_result else _CLAIM
-    found = await uow.read(query, {"call_id": call_id})
+async def claim(uow: UnitOfWork, call_id: str) -> ClaimOnRecord | None:
+    """The executor's claim on a call as it stands: its recorded result (a call's result
+    is read from here, never from the report) and the authorization it was taken under."""
+    found = await uow.read(_CLAIM, {"call_id": call_id})
     if not found:
         return None
     row = found[0]
     return ClaimOnRecord(
-        row.status, row.outcome, row.result if with_result else None, row.holder, row.attempts, row.claimed_at
+        row.status, row.outcome, row.result, row.holder, row.attempts, row.claimed_at, row.authorization
     )
 
 

@@ -332,10 +332,12 @@ def approval_request(
     escalate_at: datetime | None,
     attempt: int | None,
     run_id: str,
+    call_seal: str,
 ) -> None:
-    """The request, stored with its one-time response token's hash, its deadline and
-    where it came from (turn, step, model attempt, ledger run); the token itself
-    (random, 256 bits) leaves only in the request's `approval.requested` event."""
+    """The request, stored with its one-time response token's hash, its deadline,
+    where it came from (turn, step, model attempt, ledger run) and the ledger's seal
+    over its call (`Authority.seal_request`); the token itself (random, 256 bits)
+    leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
     when_committed(APPROVALS_REQUESTED.labels(tool_label(call.tool)).inc)
     uow.audit(
@@ -369,6 +371,7 @@ def approval_request(
             "step_id": call.step_id,
             "attempt": attempt,
             "run_id": run_id,
+            "call_seal": call_seal,
         },
     )
     uow.emit(
@@ -582,6 +585,13 @@ def closure(
 def operator_alert(
     uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope | None
 ) -> None:
+    alert(uow, session, call, closed.reason_code or closed.kind, closed.reason_text or "", cause)
+
+
+def alert(
+    uow: UnitOfWork, session: SessionState, call: Call, reason_code: str, reason_text: str, cause: Envelope | None
+) -> None:
+    """Tell an operator about a call only a person can settle, or someone forging or rewriting."""
     uow.emit(
         session,
         OperatorAlerted(
@@ -589,8 +599,8 @@ def operator_alert(
             causation_id=_id_of(cause),
             call_id=call.id,
             tool=call.tool,
-            reason_code=closed.reason_code or closed.kind,
-            reason_text=redact_text(closed.reason_text or ""),
+            reason_code=reason_code,
+            reason_text=redact_text(reason_text),
         ),
     )
 

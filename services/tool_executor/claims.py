@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import bindparam, exists, literal, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from shared.authorization import Authorization
+from shared.authorization import Authorization, request_seal_names
 from shared.ledger import driver
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES, ExecutionClaim
 from shared.messages import Outcome, now
+from shared.signatures import arguments_fingerprint
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,11 @@ def decide(claim: ExecutionClaim | None, *, effect: str, at: datetime) -> ClaimO
 # What each write puts in the claim row, as values: pure, so the rules can be stated without a database.
 
 
-def fresh_claim(call_id: str, idempotency_key: str, holder: str, *, at: datetime, lease: timedelta) -> dict[str, Any]:
-    """A first claim: held by `holder` as attempt 1, its lease ending one lease from now."""
+def fresh_claim(
+    call_id: str, idempotency_key: str, holder: str, *, at: datetime, lease: timedelta, authorization: str
+) -> dict[str, Any]:
+    """A first claim: held by `holder` as attempt 1, its lease ending one lease from now,
+    under the ledger's `authorization` (the ledger believes its result only then)."""
     return {
         "call_id": call_id,
         "idempotency_key": idempotency_key,
@@ -64,6 +69,7 @@ def fresh_claim(call_id: str, idempotency_key: str, holder: str, *, at: datetime
         "lease_expires_at": renewed_lease(at, lease),
         "attempts": 1,
         "claimed_at": at,
+        "authorization": authorization,
     }
 
 
@@ -91,33 +97,54 @@ class _Refused(Exception):
 
 @dataclass(frozen=True)
 class CallOnRecord:
-    """A call as the ledger recorded it, with its request and decision if it needed one."""
+    """A call as the ledger recorded it, with its request (and the ledger's seal over
+    it) and decision if it needed one."""
 
     tool: str
-    fingerprint: str
+    arguments: dict[str, Any]
     request_id: str | None
     decision: str | None
+    call_seal: str | None = None
 
 
-def ledger_allows(call: CallOnRecord | None, granted: Authorization, tool: str, fingerprint: str) -> str | None:
+def ledger_allows(
+    call: CallOnRecord | None, granted: Authorization, tool: str, fingerprint: str, ledger_key: Ed25519PublicKey
+) -> str | None:
     """Whether the ledger's own rows allow what the authorization says: the call was
-    made with this tool and these arguments, and a person approved the request it
-    names, or the call needed no approval. None: allowed; else why not. A forged
-    authorization would need a forged ledger row as well."""
+    made with this tool and these arguments (fingerprinted from the row itself, not a
+    stored hash), and a person approved the request it names, whose seal the ledger
+    made when it minted the request names this call, tool and arguments; or the call
+    needed no approval. None: allowed; else why not. A forged authorization would need
+    forged ledger rows as well, and rows rewritten in the database fail the seal."""
     if call is None:
         return "the ledger has no such call"
-    if (call.tool, call.fingerprint) != (tool, fingerprint):
+    if call.tool != tool or arguments_fingerprint(call.arguments) != fingerprint:
         return "the ledger's call has another tool or other arguments"
     if granted.basis == "policy":
         return None if call.request_id is None else "the call needs a person's approval"
     if call.request_id != granted.request_id or call.decision != "approve":
         return "no approval of this call is on record"
+    if not request_seal_names(
+        ledger_key,
+        call.call_seal,
+        request_id=call.request_id,
+        call_id=granted.call_id,
+        tool=tool,
+        fingerprint=fingerprint,
+    ):
+        return "the request's seal does not name this call, tool and arguments: its row was changed"
     return None
 
 
 TOOL_CALLS, APPROVAL_REQUESTS, DECISIONS = TABLES["tool_calls"], TABLES["approval_requests"], TABLES["decisions"]
 _CALL_ON_RECORD = (
-    select(TOOL_CALLS.c.tool, TOOL_CALLS.c.args_digest, APPROVAL_REQUESTS.c.id, DECISIONS.c.decision)
+    select(
+        TOOL_CALLS.c.tool,
+        TOOL_CALLS.c.arguments,
+        APPROVAL_REQUESTS.c.id,
+        DECISIONS.c.decision,
+        APPROVAL_REQUESTS.c.call_seal,
+    )
     .select_from(
         TOOL_CALLS.outerjoin(APPROVAL_REQUESTS, APPROVAL_REQUESTS.c.call_id == TOOL_CALLS.c.id).outerjoin(
             DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id
@@ -132,7 +159,16 @@ _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect
 # The claim is inserted only when the ledger has the call; whether the record allows what
 # the authorization says is still decided in Python (ledger_allows), and a refusal rolls
 # the claim back (Claims.take), so no rule is written twice.
-_FRESH_COLUMNS = ("call_id", "idempotency_key", "status", "holder", "lease_expires_at", "attempts", "claimed_at")
+_FRESH_COLUMNS = (
+    "call_id",
+    "idempotency_key",
+    "status",
+    "holder",
+    "lease_expires_at",
+    "attempts",
+    "claimed_at",
+    "authorization",
+)
 _RECORD = _CALL_ON_RECORD.cte("record")
 _CLAIMED = (
     postgresql.insert(CLAIMS)
@@ -164,17 +200,28 @@ def _update_own_setting(columns: tuple[str, ...]) -> Any:
 class Claims:
     """The executor's claims, on Core: one statement for the common case (a fresh claim)."""
 
-    def __init__(self, engine: AsyncEngine, holder: str, lease_seconds: float) -> None:
+    def __init__(self, engine: AsyncEngine, holder: str, lease_seconds: float, ledger_key: Ed25519PublicKey) -> None:
         self.engine = engine
         self.holder = holder
         self.lease = timedelta(seconds=lease_seconds)
+        # The ledger's public key: a request's seal in the ledger's rows is checked with it.
+        self.ledger_key = ledger_key
 
     async def take(
-        self, call_id: str, idempotency_key: str, effect: str, granted: Authorization, tool: str, fingerprint: str
+        self,
+        call_id: str,
+        idempotency_key: str,
+        effect: str,
+        granted: Authorization,
+        tool: str,
+        fingerprint: str,
+        authorization: str,
     ) -> ClaimOutcome:
         try:
             async with self.engine.begin() as conn:
-                return await self._take(conn, call_id, idempotency_key, effect, granted, tool, fingerprint)
+                return await self._take(
+                    conn, call_id, idempotency_key, effect, granted, tool, fingerprint, authorization
+                )
         except _Refused as refused:
             # Raised inside the transaction so that a claim inserted with the record is rolled back.
             return ClaimOutcome("refused", refusal=str(refused))
@@ -188,9 +235,12 @@ class Claims:
         granted: Authorization,
         tool: str,
         fingerprint: str,
+        authorization: str,
     ) -> ClaimOutcome:
         at = now()
-        fresh_values = fresh_claim(call_id, idempotency_key, self.holder, at=at, lease=self.lease)
+        fresh_values = fresh_claim(
+            call_id, idempotency_key, self.holder, at=at, lease=self.lease, authorization=authorization
+        )
         record: Any
         if conn.dialect.name == "postgresql":
             record = (await conn.execute(_RECORD_AND_FRESH_CLAIM, fresh_values)).first()
@@ -198,7 +248,7 @@ class Claims:
         else:
             record = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
             fresh = None
-        refusal = ledger_allows(record and CallOnRecord(*record[:4]), granted, tool, fingerprint)
+        refusal = ledger_allows(record and CallOnRecord(*record[:5]), granted, tool, fingerprint, self.ledger_key)
         if refusal is not None:
             raise _Refused(refusal)
         if fresh is None:

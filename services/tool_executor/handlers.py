@@ -88,7 +88,7 @@ async def _claim_run_and_report(
     fingerprint = arguments_fingerprint(command.arguments)
     while True:
         verdict = await executor.claims.take(
-            command.call_id, command.idempotency_key, effect, granted, command.tool, fingerprint
+            command.call_id, command.idempotency_key, effect, granted, command.tool, fingerprint, command.authorization
         )
         if verdict.action == "refused":
             await _refuse(executor, command, "not_on_record", verdict.refusal or "")

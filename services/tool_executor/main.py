@@ -56,15 +56,16 @@ async def run(settings: Settings) -> None:
     redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
     know_tools([spec.name for spec in catalogue.tools])
     await keep_tools_out(settings.data_dir.resolve())
+    ledger_key = keyring.ledger_public_key(settings.keys_path)
     async with httpx.AsyncClient() as http:
         executor = Executor(
             catalogue=catalogue,
-            claims=Claims(engine, holder, settings.claim_lease_seconds),
+            claims=Claims(engine, holder, settings.claim_lease_seconds, ledger_key),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
             data_dir=tool_data_dir(settings.data_dir.resolve()),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
-            ledger_key=keyring.ledger_public_key(settings.keys_path),
+            ledger_key=ledger_key,
             max_bytes=settings.max_message_bytes,
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))

@@ -165,6 +165,11 @@ class ApprovalRequest(Base):
     # When an unanswered request is announced again to its tool's escalation group, and when it was.
     escalate_at: Mapped[datetime | None] = mapped_column(nullable=True)
     escalated_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The ledger's Ed25519 seal, made with the request, over its call's id, tool and
+    # argument fingerprint (shared/authorization.py `seal_request`): the executor runs an
+    # approved call only if it names the arguments on record and in the command, so
+    # arguments swapped in the database never run (None: made before seals; never runs).
+    call_seal: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Approval(Base):
@@ -262,6 +267,10 @@ class ExecutionClaim(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     claimed_at: Mapped[datetime]
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The ledger's authorization the claim was taken under (the `tool.execute`'s): the
+    # ledger believes a result only from a finished claim whose authorization it sealed
+    # for this call, tool and arguments (None: the ledger's own hold-back, or made before).
+    authorization: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 # A delivery is pending until it is delivered or given up.

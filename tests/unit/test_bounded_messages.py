@@ -13,7 +13,7 @@ from services.model_step.replies import ProviderReply
 from services.tool_executor.handlers import report_of
 from services.tool_executor.tools import ToolResult
 from shared.ledger.transcripts import EMPTY, TranscriptMismatch, checked, digest_of, extended
-from shared.messages import ExecuteTool, ToolDescription, ToolExecuted, TranscriptEntry, encode
+from shared.messages import ExecuteTool, ToolDescription, TranscriptEntry, encode
 from tests.transcript_store import HeldTranscripts
 
 TOOLS = [ToolDescription(name="t", description="", parameters={"type": "object"})]
@@ -99,13 +99,9 @@ def test_a_result_too_large_for_a_message_is_reported_as_kept_in_the_claim():
     assert failed.error == "e" * 4000
 
 
-def test_the_ledger_closes_a_call_with_the_output_its_claim_kept_or_says_it_is_missing():
-    report = ToolExecuted(session_id="ses_1", call_id="call_1", outcome="output", output_in_claim=True)
+def test_the_ledger_closes_a_call_with_the_output_its_claim_kept_whatever_the_report_carries():
     kept = ClaimOnRecord("finished", "output", {"output": "whole", "error": None})
-    assert domain.closure_of_outcome(report, kept) == domain.ClosureOnRecord("output", output="whole")
-    for claim in (None, ClaimOnRecord("claimed")):
-        missing = domain.closure_of_outcome(report, claim)
-        assert (missing.kind, missing.reason_code) == ("error", "output_missing")
+    assert domain.closure_of_claim(kept) == domain.ClosureOnRecord("output", output="whole")
 
 
 def test_the_model_reads_a_long_result_truncated_with_a_marker_saying_where_the_whole_is():

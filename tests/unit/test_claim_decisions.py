@@ -70,15 +70,16 @@ def test_a_read_or_idempotent_call_whose_holder_died_runs_again_as_the_next_atte
 
 
 def test_a_fresh_claim_is_held_by_its_executor_as_the_first_attempt_with_a_lease_that_lies_in_the_future():
-    row = fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE)
+    row = fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE, authorization="sealed")
     assert row == {"call_id": "call_1", "idempotency_key": "idem_1", "status": "claimed", "holder": "executor_a",
-                   "lease_expires_at": NOW + LEASE, "attempts": 1, "claimed_at": NOW}
+                   "lease_expires_at": NOW + LEASE, "attempts": 1, "claimed_at": NOW, "authorization": "sealed"}
     assert row["lease_expires_at"] > NOW
 
 
 @pytest.mark.parametrize("effect", EFFECTS)
 def test_a_redelivery_finds_a_fresh_claim_live_and_waits_for_it(effect):
-    verdict = decide(ExecutionClaim(**fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE)),
+    verdict = decide(ExecutionClaim(**fresh_claim("call_1", "idem_1", "executor_a", at=NOW, lease=LEASE,
+                                                  authorization="sealed")),
                      effect=effect, at=NOW)
     assert (verdict.action, verdict.wait_until) == ("wait", NOW + LEASE)
 
@@ -113,32 +114,80 @@ def test_once_written_a_lost_call_reports_outcome_unknown_on_every_later_deliver
 
 # --- what the ledger's own rows allow ---------------------------------------------------
 
-from shared.authorization import Authorization  # noqa: E402
 from services.tool_executor.claims import CallOnRecord, ledger_allows  # noqa: E402
+from shared.authorization import Authorization, authorize, seal_request  # noqa: E402
+from shared.messages import ExecuteTool  # noqa: E402
+from shared.signatures import arguments_fingerprint, new_private_key  # noqa: E402
+
+LEDGER = new_private_key()
+ARGUMENTS = {"to": "a@example.com"}
+SWAPPED = {"to": "attacker@example.com"}
+PRINT = arguments_fingerprint(ARGUMENTS)
 
 
 def granted(basis="approval", request_id="apr_1"):
-    return Authorization("call_1", "s1", "send", "sha256:a", basis, request_id, NOW)
+    return Authorization("call_1", "s1", "send", PRINT, basis, request_id, NOW)
 
 
-def test_an_approved_call_on_record_with_the_same_tool_and_arguments_is_allowed():
-    assert ledger_allows(CallOnRecord("send", "sha256:a", "apr_1", "approve"), granted(), "send", "sha256:a") is None
+def sealed(request_id="apr_1", call_id="call_1", tool="send", arguments=ARGUMENTS, key=LEDGER):
+    return seal_request(key, request_id=request_id, call_id=call_id, session_id="s1", tool=tool, arguments=arguments)
+
+
+def on_record(tool="send", arguments=ARGUMENTS, request_id="apr_1", decision="approve", seal=None):
+    return CallOnRecord(tool, arguments, request_id, decision, sealed() if seal is None else seal)
+
+
+def allows(call, authorization=None):
+    return ledger_allows(call, authorization or granted(), "send", PRINT, LEDGER.public_key())
+
+
+def test_an_approved_call_on_record_with_the_same_tool_and_arguments_and_the_requests_seal_is_allowed():
+    assert allows(on_record()) is None
 
 
 def test_a_policy_allowed_call_is_allowed_only_if_it_needed_no_approval():
-    assert ledger_allows(CallOnRecord("send", "sha256:a", None, None), granted("policy", None), "send",
-                         "sha256:a") is None
-    assert ledger_allows(CallOnRecord("send", "sha256:a", "apr_1", None), granted("policy", None), "send",
-                         "sha256:a") == "the call needs a person's approval"
+    assert allows(on_record(request_id=None, decision=None, seal=""), granted("policy", None)) is None
+    assert allows(on_record(decision=None), granted("policy", None)) == "the call needs a person's approval"
+
+
+ROW_CHANGED = "the request's seal does not name this call, tool and arguments: its row was changed"
 
 
 @pytest.mark.parametrize("call,why", [
     (None, "the ledger has no such call"),
-    (CallOnRecord("other", "sha256:a", "apr_1", "approve"), "the ledger's call has another tool or other arguments"),
-    (CallOnRecord("send", "sha256:b", "apr_1", "approve"), "the ledger's call has another tool or other arguments"),
-    (CallOnRecord("send", "sha256:a", "apr_1", None), "no approval of this call is on record"),
-    (CallOnRecord("send", "sha256:a", "apr_1", "deny"), "no approval of this call is on record"),
-    (CallOnRecord("send", "sha256:a", "apr_2", "approve"), "no approval of this call is on record"),
-])
-def test_without_a_matching_call_and_approval_on_record_nothing_runs(call, why):
-    assert ledger_allows(call, granted(), "send", "sha256:a") == why
+    (on_record(tool="other"), "the ledger's call has another tool or other arguments"),
+    (on_record(arguments=SWAPPED), "the ledger's call has another tool or other arguments"),
+    (on_record(decision=None), "no approval of this call is on record"),
+    (on_record(decision="deny"), "no approval of this call is on record"),
+    (on_record(request_id="apr_2"), "no approval of this call is on record"),
+    # Rows rewritten in the database: the seal the ledger made with the request does not follow.
+    (on_record(seal=""), ROW_CHANGED),
+    (on_record(seal=sealed(arguments=SWAPPED)), ROW_CHANGED),
+    (on_record(seal=sealed(request_id="apr_2")), ROW_CHANGED),
+    (on_record(seal=sealed(call_id="call_2")), ROW_CHANGED),
+    (on_record(seal=sealed(tool="other")), ROW_CHANGED),
+    (on_record(seal=sealed(key=new_private_key())), ROW_CHANGED),
+], ids=["no call", "other tool", "other arguments", "undecided", "denied", "other request", "no seal",
+        "seal of other arguments", "seal of another request", "seal of another call", "seal of another tool",
+        "seal not the ledger's"])
+def test_without_a_matching_call_approval_and_request_seal_on_record_nothing_runs(call, why):
+    assert allows(call) == why
+
+
+def test_the_arguments_are_fingerprinted_from_the_row_itself_not_from_a_stored_hash():
+    """Anyone who can rewrite the row's arguments can rewrite a stored hash beside them."""
+    assert allows(on_record(arguments=dict(ARGUMENTS))) is None
+    assert allows(on_record(arguments={**ARGUMENTS, "cc": "x"})) == (
+        "the ledger's call has another tool or other arguments")
+
+
+def test_an_authorization_is_not_a_requests_seal_nor_a_requests_seal_an_authorization():
+    """Both are signed with the ledger's key: neither may stand in for the other."""
+    from shared.authorization import read_authorization
+    from shared.signatures import Unverified
+
+    command = ExecuteTool(session_id="s1", call_id="call_1", tool="send", arguments=ARGUMENTS, idempotency_key="k")
+    token = authorize(LEDGER, command, basis="approval", request_id="apr_1", at=NOW, ttl=LEASE)
+    assert allows(on_record(seal=token)) == ROW_CHANGED
+    with pytest.raises(Unverified):
+        read_authorization(LEDGER.public_key(), sealed())

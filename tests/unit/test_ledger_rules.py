@@ -17,7 +17,6 @@ from shared.messages import (
     ProposedToolCall,
     ProviderAttempt,
     RespondToApproval,
-    ToolExecuted,
     TranscriptEntry,
 )
 from shared.signatures import new_private_key, sign
@@ -209,26 +208,45 @@ def test_a_tool_report_for_an_executing_call_of_its_session_is_applied():
     assert domain.judge_tool_report(a_call(status="executing"), "s1") == "apply"
 
 
-def executed(outcome, output=None, error=None):
-    return ToolExecuted(session_id="s1", call_id="call_1", outcome=outcome, output=output, error=error)
+def finished(outcome, output=None, error=None):
+    return domain.ClaimOnRecord("finished", outcome, {"output": output, "error": error}, "executor_a", 1)
 
 
-def test_a_tool_output_closes_its_call_with_that_output():
-    assert domain.closure_of_outcome(executed("output", output={"id": 7})) == ClosureOnRecord(
+def test_a_tool_output_closes_its_call_with_the_output_its_claim_recorded():
+    assert domain.closure_of_claim(finished("output", output={"id": 7})) == ClosureOnRecord(
         "output", output={"id": 7}, reason_code=None, reason_text=None)
 
 
-def test_a_tool_error_closes_its_call_as_tool_failed_with_the_tools_error():
-    assert domain.closure_of_outcome(executed("error", error="HTTP 500")) == ClosureOnRecord(
+def test_a_tool_error_closes_its_call_as_tool_failed_with_the_error_its_claim_recorded():
+    assert domain.closure_of_claim(finished("error", error="HTTP 500")) == ClosureOnRecord(
         "error", output=None, reason_code="tool_failed", reason_text="HTTP 500")
 
 
-def test_an_outcome_unknown_closes_its_call_as_outcome_unknown_with_the_reports_error_or_else_the_default_text():
-    assert domain.closure_of_outcome(executed("outcome_unknown", error="lease lost")) == ClosureOnRecord(
+def test_an_outcome_unknown_closes_its_call_as_outcome_unknown_with_the_claims_error_or_else_the_default_text():
+    assert domain.closure_of_claim(finished("outcome_unknown", error="lease lost")) == ClosureOnRecord(
         "outcome_unknown", output=None, reason_code="outcome_unknown", reason_text="lease lost")
-    assert domain.closure_of_outcome(executed("outcome_unknown")) == ClosureOnRecord(
+    assert domain.closure_of_claim(finished("outcome_unknown")) == ClosureOnRecord(
         "outcome_unknown", output=None, reason_code="outcome_unknown",
         reason_text="The executor stopped mid-call; whether the call happened is unknown.")
+
+
+@pytest.mark.parametrize("claim,sealed", [
+    (None, True), (domain.ClaimOnRecord("claimed"), True), (finished("output", output=1), False),
+], ids=["no claim", "claimed, not finished", "finished, not under the ledger's authorization"])
+def test_a_tool_report_without_a_finished_claim_under_the_ledgers_authorization_is_refused(claim, sealed):
+    refused = domain.judge_claim(claim, sealed=sealed)
+    assert refused is not None and refused.reason_code == "not_claimed"
+
+
+def test_a_tool_report_with_a_finished_claim_under_the_ledgers_authorization_is_applied():
+    assert domain.judge_claim(finished("output", output=1), sealed=True) is None
+
+
+def test_an_approval_is_refused_as_altered_when_the_digest_recomputed_from_the_row_is_not_the_one_approved():
+    assert domain.judge_arguments("hmac-sha256:aa", "hmac-sha256:aa") is None
+    assert domain.judge_arguments("hmac-sha256:bb", "hmac-sha256:aa") == domain.ALTERED
+    closed = domain.closure_of_altered()
+    assert (closed.kind, closed.reason_code) == ("error", "altered")
 
 
 @pytest.mark.parametrize("kind", domain.CLOSURE_KINDS)
