@@ -90,3 +90,20 @@ def test_a_declared_secret_nested_in_objects_and_lists_is_a_secret_value():
         "accounts": {"type": "array", "items": {"type": "object", "properties": {"pin": pin}}}}}
     arguments = {"auth": {"pin": "1111", "user": "ann"}, "accounts": [{"pin": "2222", "user": "bob"}], "to": "x"}
     assert redaction.secret_values(arguments, schema) == ["1111", "2222"]
+
+
+def test_a_field_name_with_no_word_in_it_is_not_a_credentials_name():
+    assert not redaction.is_credential_name("__")
+    assert redaction.redact_arguments({"-": "shown"}, {}) == ({"-": "shown"}, [])
+
+
+def test_a_basic_or_bearer_token_keeps_its_scheme_word_and_spacing_and_loses_only_the_token():
+    assert redaction.redact_text("Authorization: Basic  dXNlcjpwYXNzMQ==") == f"Authorization: Basic  {REDACTED}"
+    assert redaction.redact_text("Authorization: bearer\tabcdef123456") == f"Authorization: bearer\t{REDACTED}"
+
+
+def test_fields_a_schema_takes_through_additional_properties_follow_its_secret_declaration():
+    schema = {"type": "object", "properties": {"to": {}}, "additionalProperties": {"writeOnly": True}}
+    assert redaction.redact_arguments({"to": "ops", "chat": "c-1"}, schema) == (
+        {"to": "ops", "chat": REDACTED}, ["chat"])
+    assert redaction.secret_values({"to": "ops", "chat": "c-1"}, schema) == ["c-1"]
