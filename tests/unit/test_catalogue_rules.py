@@ -286,3 +286,21 @@ def test_a_calls_secret_values_are_its_hidden_arguments():
     schema = {"type": "object", "properties": {"to": {}, "key": {"writeOnly": True}}}
     assert tool(parameters=schema).secret_values({"to": "ops", "key": "k-123", "api_token": "t-9"}) == [
         "k-123", "t-9"]
+
+
+def test_the_arguments_shown_hide_what_the_schema_declares_secret_whatever_its_name():
+    schema = {"type": "object", "properties": {"chat": {"writeOnly": True}, "to": {}}}
+    assert tool(parameters=schema).shown_arguments({"chat": "c1", "to": "ops"}) == {"chat": REDACTED, "to": "ops"}
+
+
+def test_the_request_shown_ends_at_the_first_hash_however_many_the_url_holds():
+    implementation = HttpImplementation(url="https://a.example/x#one#two")
+    assert shown_request(implementation, {}) == "POST https://a.example/x"
+
+
+def test_the_closed_copy_shares_nothing_with_the_declaration_so_changing_one_never_changes_the_other():
+    declared = {"type": "object", "allOf": [{"properties": {"a": {"type": "string"}}}], "enum": [["x"]]}
+    copy_ = closed(declared)
+    copy_["allOf"][0]["properties"]["a"]["type"] = "number"
+    copy_["enum"][0].append("y")
+    assert declared == {"type": "object", "allOf": [{"properties": {"a": {"type": "string"}}}], "enum": [["x"]]}
