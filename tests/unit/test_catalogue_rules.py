@@ -3,6 +3,8 @@ how a schema is closed, how a broken rule is named, the request an http tool mak
 and how the catalogue file is loaded. Pure: no services."""
 
 import copy
+import datetime
+import json
 
 import jsonschema
 import pytest
@@ -137,7 +139,7 @@ def test_an_enum_says_one_of_and_a_const_says_the_one_value():
 def test_a_long_enum_or_rule_is_cut_at_200_characters():
     many = [f"value-{n:03d}" for n in range(100)]
     [error] = errors_of({"enum": many}, "c")
-    assert error == "v: must be one of " + __import__("json").dumps(many)[:200]
+    assert error == "v: must be one of " + json.dumps(many)[:200]
     pattern = "^" + "a" * 300 + "$"
     [error] = errors_of({"pattern": pattern}, "b")
     assert error == "v: must satisfy pattern: " + ('"' + pattern)[:200]
@@ -149,8 +151,6 @@ def test_any_other_rule_is_named_with_its_declared_value():
 
 
 def test_a_rule_whose_declaration_holds_no_json_value_is_named_with_its_text():
-    import datetime
-
     when = datetime.date(2024, 1, 2)  # what YAML reads `2024-01-02` as
     assert errors_of({"not": {"type": "string", "x-since": when}}, "s") == [
         'v: must satisfy not: {"type": "string", "x-since": "2024-01-02"}']
