@@ -707,8 +707,12 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                         elif event.type == "tool.closed":
                             async with console.sessions() as db:
                                 closure = await db.get(Closure, event.call_id)
-                            output = json_inline((closure.output or {}).get("value"))
-                            say(f"tool ran once and closed as {event.kind}: {output}")
+                            if event.kind == "output":
+                                said = json_inline((closure.output or {}).get("value"))
+                                say(f"tool ran once and closed as output: {said}")
+                            else:  # what went wrong, not a bare null
+                                said = visible(closure.reason_text or closure.reason_code or "", TEXT_CHARS)
+                                say(f"tool closed as {event.kind}: {said}")
                         elif event.type == "turn.completed":
                             say(f"final answer: {visible(event.text, TEXT_CHARS)}")
                             return 0

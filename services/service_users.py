@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from services.warm_start import dying_with_this_process
 from shared import keyring
 from shared.catalogue import env_references
 from shared.settings import Settings
@@ -309,4 +310,6 @@ def start(python: Interpreter, account: Account, env: dict[str, str], log: Path,
             extra_groups=[account.shared_gid],
             umask=0o007,
             start_new_session=True,
+            # After the switch of user (which would clear it): the service ends with its supervisor.
+            preexec_fn=dying_with_this_process(),
         )

@@ -112,7 +112,9 @@ class Supervisor:
         env = None
         if self.settings.metrics_port:
             env = {**os.environ, "SIGNOFF_METRICS_PORT": str(self.metrics_port(service))}
-        self.children[service] = Child(fork_service(service, log=str(log), env=env, new_session=True))
+        self.children[service] = Child(
+            fork_service(service, log=str(log), env=env, new_session=True, die_with_parent=True)
+        )
 
     def metrics_port(self, service: str) -> int:
         """One port per child: SIGNOFF_METRICS_PORT plus the service's place in SERVICES."""

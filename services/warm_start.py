@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 from shared import logs
 from shared.settings import Settings
@@ -82,10 +83,40 @@ def _event_loop_factory():
     return uvloop.new_event_loop
 
 
+def dying_with_this_process() -> Callable[[], None]:
+    """What a child calls to end (SIGTERM, a clean stop) when this process dies, however
+    it dies, so a supervisor that is SIGKILLed leaves no service behind relaying or
+    running tools unwatched. Prepared here, in the parent: a child that has already
+    become another user may not load anything from this Python's folders. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
+    import ctypes
+
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the signal was asked for
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
+
+
 def fork_service(
-    service: str, *, log: str, env: dict[str, str] | None = None, cwd: str | None = None, new_session: bool = False
+    service: str,
+    *,
+    log: str,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    new_session: bool = False,
+    die_with_parent: bool = False,
 ) -> int:
-    """Start `service` in a forked child; return its pid. The child never returns."""
+    """Start `service` in a forked child; return its pid. The child never returns.
+    `die_with_parent`: the child ends when this process dies (`dying_with_this_process`)."""
+    ending = dying_with_this_process() if die_with_parent else None
     if service not in SERVICES:
         raise ValueError(f"no service {service!r}; services are: {', '.join(SERVICES)}")
     sys.stdout.flush()
@@ -101,6 +132,8 @@ def fork_service(
         for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if ending is not None:
+            ending()
         output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         nothing = os.open(os.devnull, os.O_RDONLY)
         os.dup2(nothing, 0)

@@ -157,7 +157,8 @@ class Runtime:
             _declared_by_setup(self.topology.parked_queue), ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
         )
         async def entrypoint(message) -> None:
-            logs.concerning(message_id=message.message_id)
+            # Its lines name what the parked body says it is, its session included.
+            logs.concerning_raw(message.message_id, message.body)
             try:
                 parked = describe(message.message_id, message.body, message.headers, message.raw_message.user_id)
                 await handle(parked)

@@ -499,6 +499,18 @@ MUTATIONS = [
    "    if call.tool != tool or arguments_fingerprint(call.arguments) != fingerprint:",
    "    if call.tool != tool:",
    "tests/integration/test_ledger_trusts_its_rows.py::test_arguments_swapped_in_the_database_after_the_decision_are_refused_by_the_executor_and_never_run"),
+  ("services outlive a SIGKILLed supervisor (no parent-death signal, own users)", "services/service_users.py",
+   "            preexec_fn=dying_with_this_process(),",
+   "            preexec_fn=None,",
+   "tests/integration/test_supervisor.py::test_a_supervisor_killed_with_sigkill_leaves_no_service_running[own-users]"),
+  ("services outlive a SIGKILLed supervisor (no parent-death signal, single user)", "services/supervisor.py",
+   "new_session=True, die_with_parent=True)",
+   "new_session=True, die_with_parent=False)",
+   "tests/integration/test_supervisor.py::test_a_supervisor_killed_with_sigkill_leaves_no_service_running[single-user]"),
+  ("cancelling a session that does not exist says there is no open turn", "services/approval_ledger/domain.py",
+   "    if not session_exists:\n        return NO_SUCH_SESSION",
+   "    if False:\n        return NO_SUCH_SESSION",
+   "tests/unit/test_ledger_rules.py"),
 ]
 
 

@@ -635,8 +635,15 @@ def judge_canceller(
     )
 
 
-def refuse_cancellation(open_turn_id: str | None, asked_turn_id: str | None) -> Refusal | None:
+NO_SUCH_SESSION = Refusal("unknown_session", "There is no such session.")
+
+
+def refuse_cancellation(
+    open_turn_id: str | None, asked_turn_id: str | None, *, session_exists: bool = True
+) -> Refusal | None:
     """Only the session's open turn can be cancelled, and only if it is the one named."""
+    if not session_exists:
+        return NO_SUCH_SESSION
     if open_turn_id is None:
         return NOTHING_TO_CANCEL
     if asked_turn_id is not None and asked_turn_id != open_turn_id:

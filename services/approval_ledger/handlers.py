@@ -103,6 +103,7 @@ def transition(handler):
             records.refusal(uow, session, message, refused)
         else:
             await handler(ledger, uow, session, message)
+        if message.message_id not in uow.rejected:
             # One line per transition at INFO, once it is durable (a refusal logs its own).
             when_committed(
                 functools.partial(
@@ -656,7 +657,7 @@ async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | N
     its closures are written for the model's next turn, a model step still running
     is discarded when it reports, and the session says `cancelled` until a new turn."""
     turn_id, step, calls = await reads.open_turn(uow, command.session_id) if session else (None, None, [])
-    refused = domain.refuse_cancellation(turn_id, command.turn_id)
+    refused = domain.refuse_cancellation(turn_id, command.turn_id, session_exists=session is not None)
     if refused is None and session is not None and turn_id is not None:
         starters = frozenset(s for s in (session.started_by, await reads.turn_starter(uow, turn_id)) if s)
         pending = [

@@ -87,6 +87,7 @@ def _id_of(cause: Envelope | None) -> str | None:
 
 def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
+    uow.rejected.add(message.message_id)
     when_committed(MESSAGES_REJECTED.labels(message.type, refused.reason_code).inc)
     if isinstance(message, RespondToApproval):
         uow.audit(

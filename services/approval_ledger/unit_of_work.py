@@ -198,6 +198,8 @@ class UnitOfWork:
         self._notified = False
         # The message types of the transitions a group commit settled in this transaction.
         self._settled: list[str | None] = []
+        # The messages this transaction answers with message.rejected (each logs its own line).
+        self.rejected: set[str] = set()
 
     async def __aenter__(self) -> UnitOfWork:
         self.db = await self._engine.connect()

@@ -146,14 +146,14 @@ async def _run_python(
     except OSError as error:
         return ToolResult("error", error=f"the tools' folder cannot be prepared: {type(error).__name__}: {error}")
     call = Call(implementation.function, arguments, context, env, _import_path(), run_as)
+    python, handed, descriptors = _interpreter()
     timeout = implementation.timeout_seconds
     deadline = asyncio.timeout(timeout)
     process = None
     try:
         async with deadline:
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",  # no PYTHON* variables, no user site, nothing imported from its working directory
+                *python,
                 "-c",
                 # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
                 "from services.tool_executor.tool_process import main; main()",
@@ -161,7 +161,8 @@ async def _run_python(
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=folder,
-                env=_basic_environment(folder),
+                env={**_basic_environment(folder), **handed},
+                pass_fds=descriptors,
                 # A group of its own: a timeout kills whatever the tool started too.
                 start_new_session=True,
             )
@@ -246,6 +247,29 @@ def _basic_environment(folder: Path) -> dict[str, str]:
     basics = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ") if name in os.environ}
     basics.setdefault("PATH", os.defpath)
     return {**basics, "HOME": str(folder)}
+
+
+def _interpreter() -> tuple[list[str], dict[str, str], tuple[int, ...]]:
+    """How the tool's process starts this Python: (command, environment, descriptors).
+    Usually `-I`: no PYTHON* variables, no user site, nothing imported from its working
+    directory. But `signoff up` as root starts the executor as a user who may not enter
+    the folders this Python lives in, handing it those folders as descriptors named
+    `/proc/self/fd/<n>` in PYTHONHOME, PYTHONPATH and LD_LIBRARY_PATH
+    (services/service_users.py, `Interpreter`): the tool's process is handed the same
+    ones, and takes exactly those three variables (paths, no secret) with `-s -P`."""
+    handed = {
+        name: os.environ[name]
+        for name in ("PYTHONHOME", "PYTHONPATH", "LD_LIBRARY_PATH")
+        if os.environ.get(name, "").startswith(_HANDED)
+    }
+    if not handed and not sys.executable.startswith(_HANDED):
+        return [sys.executable, "-I"], {}, ()
+    named = [sys.executable, *(part for value in handed.values() for part in value.split(":"))]
+    descriptors = sorted({int(path[len(_HANDED) :].split("/")[0]) for path in named if path.startswith(_HANDED)})
+    return [sys.executable, "-s", "-P"], handed, tuple(descriptors)
+
+
+_HANDED = "/proc/self/fd/"
 
 
 def _import_path() -> list[str]:

@@ -63,6 +63,8 @@ async def test_cancelling_a_waiting_session_closes_its_request_and_the_session_t
         assert (await next_event(events, "message.rejected")).reason_code == "already_decided"
         again = await asyncio.to_thread(signoff, deployment, "cancel", session_id, check=False)
         assert "nothing_to_cancel" in again
+        missing = await asyncio.to_thread(signoff, deployment, "cancel", mint("ses"), "--as", "ann", check=False)
+        assert "not cancelled: unknown_session: There is no such session." in missing, missing
         # A new turn: the model sees the cancelled call closed, and carries on.
         await console.send(StartTurn(session_id=session_id, text="never mind"))
         await next_event(events, "turn.completed", timeout=30)

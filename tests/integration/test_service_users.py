@@ -63,6 +63,7 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
     deployment = up_sqlite_deployment
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN=TOOL_SECRET, SIGNOFF_ANTHROPIC_API_KEY=PROVIDER_KEY)
     logs = deployment.data_dir / "up-logs"
+    deployment.setup()  # the tests' people registered for the CLI's channel before the ledger reads channels.yaml
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)

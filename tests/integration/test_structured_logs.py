@@ -92,6 +92,10 @@ async def test_following_one_session_by_its_id_at_info_shows_each_ledger_transit
     session_id = mint("ses")
     async with deployment.console() as console:
         events, requested = await start_and_wait_for_approval(console, session_id)
+        refused = console.sign(RespondToApproval(session_id=session_id, request_id=requested.request_id,
+                                                 decision="approve", args_digest="hmac-sha256:" + "0" * 64))
+        await console.send(refused)
+        assert (await next_event(events, "message.rejected")).rejected_message_id == refused.message_id
         await console.respond(requested.request_id, "approve", "", "", "tester")
         await next_event(events, "turn.completed")
 

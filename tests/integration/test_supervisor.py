@@ -137,3 +137,25 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
     logs = up_sqlite_deployment.data_dir / "logs"
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
     assert len(pids) == 4 and all(gone(pid) for pid in pids), "Ctrl-C left a service running"
+
+
+@__import__("pytest").mark.parametrize("single_user", [False, True], ids=["own-users", "single-user"])
+def test_a_supervisor_killed_with_sigkill_leaves_no_service_running(up_sqlite_deployment, single_user):
+    deployment = up_sqlite_deployment
+    deployment.extra_env["SIGNOFF_METRICS_PORT"] = "0"
+    if single_user:
+        deployment.extra_env["SIGNOFF_SINGLE_USER"] = "true"
+    logs = deployment.data_dir / "up-logs"
+    deployment.setup()
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+                          cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(up)
+    try:
+        wait_until(lambda: all(ready_pids(logs, s) for s in SERVICES) or up.poll() is not None, 120, "all four ready")
+        assert up.poll() is None, output.text
+    finally:
+        up.kill()  # SIGKILL: no handler runs, nothing is stopped in order
+        up.wait(30)
+    pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
+    assert len(pids) == 4, output.text
+    wait_until(lambda: all(gone(pid) for pid in pids), 30, "every service ending with its supervisor")

@@ -665,6 +665,7 @@ def test_a_request_is_escalated_after_its_tools_escalation_time_and_only_if_it_h
 
 def test_only_the_sessions_open_turn_can_be_cancelled_and_only_by_its_own_id():
     assert domain.refuse_cancellation(None, None) == domain.NOTHING_TO_CANCEL
+    assert domain.refuse_cancellation(None, None, session_exists=False) == domain.NO_SUCH_SESSION
     assert domain.refuse_cancellation("trn_1", None) is None
     assert domain.refuse_cancellation("trn_1", "trn_1") is None
     refused = domain.refuse_cancellation("trn_1", "trn_2")
