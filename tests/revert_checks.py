@@ -546,6 +546,8 @@ def main(argv: list[str]) -> int:
     only = {int(i) for i in argv}
     toothless = 0
     with tempfile.TemporaryDirectory(prefix="signoff-revert-") as scratch:
+        # Enterable by the services' own users: `signoff up` as root runs them from this tree.
+        Path(scratch).chmod(0o755)
         root = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(root), "HEAD"], cwd=PROJECT, check=True)
         try:
