@@ -36,12 +36,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from services.warm_start import dying_with_this_process
 from shared import keyring
 from shared.catalogue import env_references
-from shared.settings import Settings
+from shared.settings import Settings, without_password
 
 # The group of the data the services share (the data folder; on SQLite the ledger's file).
 SHARED_GROUP = "signoff"
@@ -223,16 +222,6 @@ def environment_of(service: str, settings: Settings, keys: Path, environ: dict[s
 
 def _settings_of(model: type[Settings]) -> set[str]:
     return {f"SIGNOFF_{name.upper()}" for name in set(model.model_fields) - set(Settings.model_fields)}
-
-
-def without_password(url: str) -> str:
-    """The URL with its user-info's password removed (the user, host and the rest kept)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
-    return urlunsplit((parts.scheme, f"{user}@{netloc}", parts.path, parts.query, parts.fragment))
 
 
 REACH = """

@@ -291,7 +291,8 @@ def _rule_broken(error: jsonschema.ValidationError) -> str:
     if rule == "type":
         return f"must be of type {json.dumps(expected)}"
     if rule in ("enum", "const"):
-        return f"must be {'one of ' if rule == 'enum' else ''}{json.dumps(expected)[:200]}"
+        # default=str: an operator's YAML may hold a date, which JSON has no word for.
+        return f"must be {'one of ' if rule == 'enum' else ''}{json.dumps(expected, default=str)[:200]}"
     if rule == "format" and expected == "password":
         return "must be a password"
     return f"must satisfy {rule}: {json.dumps(expected, default=str)[:200]}"

@@ -18,7 +18,8 @@ import httpx
 from faststream.rabbit import RabbitBroker
 
 from shared.consuming import declare
-from shared.settings import Settings
+from shared.redaction import redact_text
+from shared.settings import Settings, without_password
 from shared.topology import OPERATOR, SERVICES, Topology
 
 
@@ -74,8 +75,10 @@ async def _identities(settings: Settings, topology: Topology, channels: list[str
         try:
             (await api.get("/whoami")).raise_for_status()
         except httpx.HTTPError as error:
+            # Never the administrator's password: this line reaches terminals and CI logs.
+            shown = without_password(settings.rabbitmq_admin_url)
             raise SystemExit(
-                f"signoff setup: cannot use RabbitMQ's management API at {settings.rabbitmq_admin_url} ({error}); "
+                f"signoff setup: cannot use RabbitMQ's management API at {shown} ({redact_text(str(error))}); "
                 "enable it (`rabbitmq-plugins enable rabbitmq_management`) or set SIGNOFF_RABBITMQ_ADMIN_URL"
             ) from None
         for name in broker_identities(channels):

@@ -219,3 +219,13 @@ class Settings(BaseSettings):
     @property
     def is_postgres(self) -> bool:
         return self.ledger_url.startswith("postgresql")
+
+
+def without_password(url: str) -> str:
+    """The URL with its user-info's password removed (the user, host and the rest kept)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
+    return urlunsplit((parts.scheme, f"{user}@{netloc}", parts.path, parts.query, parts.fragment))

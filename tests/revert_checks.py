@@ -511,6 +511,11 @@ MUTATIONS = [
    "    if not session_exists:\n        return NO_SUCH_SESSION",
    "    if False:\n        return NO_SUCH_SESSION",
    "tests/unit/test_ledger_rules.py"),
+  ("setup's error echoes the administrator's URL with its password", "shared/provisioning.py",
+   "            shown = without_password(settings.rabbitmq_admin_url)",
+   "            shown = settings.rabbitmq_admin_url",
+   "tests/integration/test_command_line.py::"
+   "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
 ]
 
 

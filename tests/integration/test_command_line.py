@@ -220,3 +220,10 @@ async def test_a_replayed_model_step_report_reaches_the_ledger_as_the_model_step
         await assert_nothing_left_in_any_queue(console, deployment.namespace)
         seen = [e async for e in drain_events(events)]
     assert not [e for e in seen if e.type == "message.rejected"], seen
+
+
+def test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password(sqlite_deployment):
+    sqlite_deployment.extra_env["SIGNOFF_RABBITMQ_ADMIN_URL"] = "http://admin:adm1n-s3cret-pw@127.0.0.1:9/"
+    said = signoff(sqlite_deployment, "setup", check=False)
+    assert "cannot use RabbitMQ's management API at http://admin@127.0.0.1:9/" in said, said
+    assert "adm1n-s3cret-pw" not in said and "Traceback" not in said

@@ -136,6 +136,11 @@ def test_an_enum_says_one_of_and_a_const_says_the_one_value():
     assert errors_of({"const": "a"}, "c") == ['v: must be "a"']
 
 
+def test_an_enum_of_dates_as_yaml_reads_them_is_named_without_failing():
+    when = datetime.date(2024, 1, 2)
+    assert errors_of({"enum": [when]}, "2023-12-31") == ['v: must be one of ["2024-01-02"]']
+
+
 def test_a_long_enum_or_rule_is_cut_at_200_characters():
     many = [f"value-{n:03d}" for n in range(100)]
     [error] = errors_of({"enum": many}, "c")
