@@ -48,7 +48,6 @@ from shared.observability import (
     tool_label,
     when_committed,
 )
-from shared.redaction import redact_text
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
@@ -253,28 +252,15 @@ async def _resume(
 def _end_bounded_turn(
     uow: UnitOfWork, session: SessionState, turn_id: str, reached: domain.BoundReached, cause: Envelope | None
 ) -> None:
-    causation = cause.message_id if cause is not None else None
-    records.end_turn(
-        uow,
-        session,
-        TurnFailed(
-            session_id=session.id,
-            causation_id=causation,
-            turn_id=turn_id,
-            reason_code=domain.STEP_LIMIT,
-            reason_text=reached.text,
-        ),
+    failed = TurnFailed(
+        session_id=session.id,
+        causation_id=cause.message_id if cause is not None else None,
+        turn_id=turn_id,
+        reason_code=domain.STEP_LIMIT,
+        reason_text=reached.text,
     )
-    uow.emit(
-        session,
-        OperatorAlerted(
-            session_id=session.id,
-            causation_id=causation,
-            turn_id=turn_id,
-            reason_code=domain.STEP_LIMIT,
-            reason_text=redact_text(reached.text),
-        ),
-    )
+    records.end_turn(uow, session, failed)
+    records.alert(uow, session, None, domain.STEP_LIMIT, reached.text, cause, turn_id=turn_id)
     when_committed(TURNS_BOUNDED.labels(reached.bound).inc)
     log.warning("turn %s of session %s ended at its bound: %s", turn_id, session.id, reached.bound)
 

@@ -590,18 +590,27 @@ def operator_alert(
 
 
 def alert(
-    uow: UnitOfWork, session: SessionState, call: Call, reason_code: str, reason_text: str, cause: Envelope | None
+    uow: UnitOfWork,
+    session: SessionState,
+    call: Call | None,
+    reason_code: str,
+    reason_text: str,
+    cause: Envelope | None,
+    *,
+    turn_id: str | None = None,
 ) -> None:
-    """Tell an operator about a call only a person can settle, or someone forging or rewriting."""
+    """Tell an operator about a call only a person can settle, someone forging or
+    rewriting, or (no call) a turn that reached its bound."""
     uow.emit(
         session,
         OperatorAlerted(
             session_id=session.id,
             causation_id=_id_of(cause),
-            call_id=call.id,
-            tool=call.tool,
+            call_id=call.id if call is not None else None,
+            tool=call.tool if call is not None else "",
             reason_code=reason_code,
             reason_text=redact_text(reason_text),
+            turn_id=turn_id,
         ),
     )
 
