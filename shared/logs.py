@@ -151,6 +151,19 @@ def formatter(service: str, log_format: LogFormat, stream: TextIO) -> logging.Fo
     return Text(service) if log_format == "text" else JSONLines(service)
 
 
+def logger_levels(spec: str) -> dict[str, str]:
+    """`signoff.ledger=WARNING,signoff.model_step=WARNING`: quiet (or open up) one part of a
+    service without changing the rest; a malformed entry is an error at start, not a silent no-op."""
+    levels: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, level = entry.partition("=")
+        level = level.strip().upper()
+        if not name.strip() or level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"SIGNOFF_LOG_LEVELS: {entry!r} is not LOGGER=LEVEL (DEBUG, INFO, WARNING, ERROR)")
+        levels[name.strip()] = level
+    return levels
+
+
 def configure(service: str, log_format: LogFormat = "auto", *, stream: TextIO | None = None) -> None:
     """Every log line of this process, ours and the libraries', through one handler."""
     stream = stream or sys.stderr
@@ -159,6 +172,8 @@ def configure(service: str, log_format: LogFormat = "auto", *, stream: TextIO | 
     handler.addFilter(MessageContext())
     # force: a forked service child must not keep its parent's handler.
     logging.basicConfig(level=os.environ.get("SIGNOFF_LOG_LEVEL", "INFO").upper(), handlers=[handler], force=True)
+    for name, level in logger_levels(os.environ.get("SIGNOFF_LOG_LEVELS", "")).items():
+        logging.getLogger(name).setLevel(level)
     # FastStream gives its loggers handlers of their own that print plain text: route them through ours.
     for name in ("faststream",):
         library = logging.getLogger(name)

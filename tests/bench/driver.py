@@ -72,7 +72,8 @@ async def embedded_levels(args: argparse.Namespace, data_dir: Path) -> dict[str,
     """The same round trip on the embedded default (SQLite, one ledger writer, the
     publisher polling), a deployment of its own: its levels and its own
     exactly-once check."""
-    deployment = Deployment(store="sqlite", data_dir=data_dir / "sqlite")
+    deployment = Deployment(store="sqlite", data_dir=data_dir / "sqlite",
+                            extra_env={"SIGNOFF_LOG_LEVELS": args.log_levels})
     adapter = ChannelAdapter()
     ledger = SqliteLedgerReader(deployment.settings)
     ctx = Context(deployment, adapter, ledger, [])  # type: ignore[arg-type]
@@ -102,7 +103,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     data_dir = PROJECT_ROOT / "data" / "bench" / f"run-{stamp}"
     deployment = Deployment(store="postgres", data_dir=data_dir,
-                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type})
+                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type, "SIGNOFF_LOG_LEVELS": args.log_levels})
     data_dir.mkdir(parents=True, exist_ok=True)
     # The fixtures' script with the long session's (`long-*`); the round trips' `bench-*` unchanged.
     deployment.script_file = long_script(data_dir / "script.yaml", turns=args.long_session_turns,
@@ -113,7 +114,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     "load_average_at_start": os.getloadavg()},
         "settings": {"seconds": args.seconds, "levels": args.levels, "recovery_tries": args.recovery_tries,
                      "recovery_sessions": args.recovery_sessions, "floor_seconds": args.floor_seconds,
-                     "queue_type": args.queue_type,
+                     "queue_type": args.queue_type, "log_levels": args.log_levels,
                      "namespace": deployment.namespace},
         "levels": [],
         "failures": [],
@@ -211,6 +212,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum",
                         help="the inbound queues' type (SIGNOFF_QUEUE_TYPE; default quorum)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
+    parser.add_argument("--log-levels", default="",
+                        help="the services' SIGNOFF_LOG_LEVELS, e.g. signoff.ledger=WARNING,signoff.model_step=WARNING "
+                             "for an A/B of the INFO line per ledger transition and per model step")
     args = parser.parse_args(argv)
     if args.quick:
         args.levels, args.seconds, args.recovery_tries, args.sqlite_levels = "1,4", 3.0, 1, "4"

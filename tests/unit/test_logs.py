@@ -156,3 +156,19 @@ def test_the_http_clients_request_lines_which_quote_urls_with_secrets_are_not_lo
     logging.getLogger("httpx").info("HTTP Request: POST https://api.example/hook?token=resolved-secret")
     logging.getLogger("httpx").warning("a warning still is")
     assert [line["message"] for line in lines(output)] == ["a warning still is"]
+
+
+def test_single_loggers_can_be_quieted_and_a_malformed_level_list_is_refused(output, monkeypatch):
+    monkeypatch.setenv("SIGNOFF_LOG_LEVELS", "signoff.ledger=WARNING, signoff.model_step=warning")
+    quiet, loud = logging.getLogger("signoff.ledger"), logging.getLogger("signoff")
+    try:
+        logs.configure("approval-ledger", "json", stream=output)
+        quiet.info("applied turn.start")
+        loud.info("approval-ledger ready")
+        quiet.warning("a warning still shows")
+    finally:
+        quiet.setLevel(logging.NOTSET)
+        logging.getLogger("signoff.model_step").setLevel(logging.NOTSET)
+    assert [line["message"] for line in lines(output)] == ["approval-ledger ready", "a warning still shows"]
+    with pytest.raises(ValueError, match="LOGGER=LEVEL"):
+        logs.logger_levels("signoff.ledger=LOUD")
