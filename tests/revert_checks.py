@@ -516,6 +516,16 @@ MUTATIONS = [
    "            shown = settings.rabbitmq_admin_url",
    "tests/integration/test_command_line.py::"
    "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
+  ("signoff status judges the management API's sampled queue figures, seconds old", "services/status.py",
+   "    url, user = settings.amqp_login(OPERATOR)\n",
+   "    async with management_api(settings) as api:\n"
+   "        answer = await api.get(f'/queues/{vhost_in_path(settings)}')\n"
+   "    found = {q['name']: q for q in answer.json()}\n"
+   "    return [QueueState(n, int(found.get(n, {}).get('messages_ready') or 0), None,\n"
+   "                       int(found.get(n, {}).get('consumers') or 0)) for n in topology.all_queue_names()]\n"
+   "    url, user = settings.amqp_login(OPERATOR)\n",
+   "tests/integration/test_status.py::"
+   "test_status_is_exact_the_moment_services_are_ready_a_message_is_parked_and_it_is_dropped"),
 ]
 
 
