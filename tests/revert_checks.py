@@ -526,6 +526,23 @@ MUTATIONS = [
    "    url, user = settings.amqp_login(OPERATOR)\n",
    "tests/integration/test_status.py::"
    "test_status_is_exact_the_moment_services_are_ready_a_message_is_parked_and_it_is_dropped"),
+  ("a failed signoff setup leaves behind the broker and Redis users it made", "services/console.py",
+   "        undone = asyncio.run(provisioning.undo(settings, made))",
+   "        undone: list[str] = []",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there "
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_with_rabbitmq_down_or_refusing_names_it_and_leaves_no_users_behind"),
+  ("a failed signoff setup also removes the broker users that were there before it", "shared/provisioning.py",
+   "            if not existed:\n                made.broker_users.append(user)",
+   "            if True:\n                made.broker_users.append(user)",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
+  ("signoff setup shows PostgreSQL's refusal as a raw traceback", "shared/provisioning.py",
+   "    except Exception as error:\n        raise SetupFailed(\"PostgreSQL\"",
+   "    except ImportError as error:\n        raise SetupFailed(\"PostgreSQL\"",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
 ]
 
 
