@@ -12,6 +12,8 @@ import logging
 import os
 import secrets
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
@@ -163,11 +165,52 @@ def broker_identities(channels: list[str]) -> list[str]:
     return [*SERVICES, OPERATOR, *(f"channel.{name}" for name in channels)]
 
 
-def management_api(settings: Settings) -> httpx.AsyncClient:
+def _management(settings: Settings) -> tuple[str, tuple[str, str]]:
+    """The management API's base URL (no user-info: the credentials go as basic auth) and credentials."""
     url = urlsplit(settings.rabbitmq_admin_url)
     base = f"{url.scheme}://{url.hostname}:{url.port or 15672}{url.path.rstrip('/')}/api"
-    auth = (unquote(url.username or "guest"), unquote(url.password or "guest"))
+    return base, (unquote(url.username or "guest"), unquote(url.password or "guest"))
+
+
+def management_api(settings: Settings) -> httpx.AsyncClient:
+    base, auth = _management(settings)
     return httpx.AsyncClient(base_url=base, auth=auth, timeout=10)
+
+
+def wait_for_management_api(settings: Settings, say: Callable[[str], None]) -> None:
+    """`signoff up`: RabbitMQ's management API may answer seconds after its broker does
+    (both starting, or restarting). Ask each second, saying once that it waits, for at
+    most SIGNOFF_MANAGEMENT_WAIT_SECONDS; then a short error naming it (URL without its
+    password). Any HTTP answer but a 5xx means it is up: setup judges the rest (a login
+    it refuses is named there)."""
+    base, auth = _management(settings)
+    shown = without_password(settings.rabbitmq_admin_url)
+    limit = settings.management_wait_seconds
+    deadline = time.monotonic() + limit
+    waited = False
+    while True:
+        try:
+            answer = httpx.get(f"{base}/whoami", auth=auth, timeout=3)
+            if answer.status_code < 500:
+                if waited:
+                    say(f"signoff up: RabbitMQ's management API at {shown} answers")
+                return
+            why = f"HTTP {answer.status_code}"
+        except httpx.HTTPError as error:
+            why = _reason(error, settings.rabbitmq_admin_url)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SystemExit(
+                f"signoff up: RabbitMQ's management API at {shown} did not answer within {limit:g} s ({why}); "
+                f"{ADVICE['management']}"
+            )
+        if not waited:
+            say(
+                f"signoff up: RabbitMQ's management API at {shown} does not answer ({why}); retrying each second "
+                f"for up to {limit:g} s"
+            )
+            waited = True
+        time.sleep(min(1.0, left))
 
 
 def vhost_in_path(settings: Settings) -> str:

@@ -543,6 +543,16 @@ MUTATIONS = [
    "    except ImportError as error:\n        raise SetupFailed(\"PostgreSQL\"",
    "tests/integration/test_setup_failures.py::"
    "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
+  ("signoff up does not wait for a management API that answers late (setup fails at once)", "services/supervisor.py",
+   "            wait_for_management_api(self.settings, lambda line: print(line, file=sys.stderr, flush=True))",
+   "            pass",
+   "tests/integration/test_up_waits_for_management.py::"
+   "test_signoff_up_waits_for_a_management_api_that_answers_late_and_then_runs_the_services"),
+  ("signoff up whose setup fails ends in a traceback (CalledProcessError)", "services/supervisor.py",
+   "            if subprocess.run([sys.executable, \"-m\", \"services.cli\", step]).returncode != 0:",
+   "            if subprocess.run([sys.executable, \"-m\", \"services.cli\", step], check=True).returncode != 0:",
+   "tests/integration/test_up_waits_for_management.py::"
+   "test_signoff_up_whose_setup_fails_says_so_without_a_traceback"),
 ]
 
 

@@ -68,12 +68,12 @@ def test_setup_with_rabbitmq_down_or_refusing_names_it_and_leaves_no_users_behin
     deployment.extra_env["SIGNOFF_RABBITMQ_URL"] = url
     try:
         run = setup(deployment)
+        assert broker_users(ns) == {} and redis_users(ns) == []
         said = assert_named_briefly(run, f"RabbitMQ at amqp://{host.username}@{host.hostname}:{port}/")
         if refuses:  # it answered, after the users were made through the management API
             assert "check SIGNOFF_RABBITMQ_URL" in said and f"removed broker user {ns}.console, made by this run" in said
         else:
             assert "start it" in said and "SIGNOFF_RABBITMQ_URL" in said
-        assert broker_users(ns) == {} and redis_users(ns) == []
     finally:
         remove_users(ns)
 
@@ -105,13 +105,13 @@ def test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_tho
     try:
         said = assert_named_briefly(
             setup(pg_deployment), f"PostgreSQL at postgresql://postgres@localhost:5432/{database}")
-        assert f'database "{database}" does not exist' in said and "check SIGNOFF_DATABASE_URL" in said
-        assert f"removed broker user {ns}.approval-ledger, made by this run" in said
-        assert f"removed Redis user {ns}.tool-executor, made by this run" in said
         left = broker_users(ns)
         assert set(left) == {f"{ns}.publisher", f"{ns}.console"}, left
         assert {k: left[f"{ns}.publisher"][k] for k in before} == before
         assert left[f"{ns}.console"] is None
         assert redis_users(ns) == []
+        assert f'database "{database}" does not exist' in said and "check SIGNOFF_DATABASE_URL" in said
+        assert f"removed broker user {ns}.approval-ledger, made by this run" in said
+        assert f"removed Redis user {ns}.tool-executor, made by this run" in said
     finally:
         remove_users(ns)
