@@ -93,6 +93,7 @@ def test_signoff_up_waits_for_a_management_api_that_answers_late_and_then_runs_t
         process.send_signal(signal.SIGINT)
         code = process.wait(30)
         late.close()
+        del deployment.extra_env["SIGNOFF_RABBITMQ_ADMIN_URL"]  # the clean-up removes the users through the real one
     assert code == 0, output.text
 
 
