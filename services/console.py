@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from services.approval_ledger.domain import speaks_for
 from services.supervisor import Supervisor
-from shared import audit, keyring
+from shared import audit, keyring, provisioning
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
@@ -188,15 +188,25 @@ def setup(settings: Settings, cli_principals: Sequence[str] = (), hand_out: Path
     for principal in cli_principals:
         if not principal or any(c in principal for c in "*?[]") or principal.startswith("token:"):
             raise SystemExit(f"signoff setup: --cli-principal {principal!r}: name one person (no patterns, no token:)")
+    # Each service it needs answers before anything is made; one that fails later is named
+    # (SetupFailed: its URL without a password) and the broker and Redis users this run made go.
+    provisioning.check_reachable(settings)
     before = keyring.registered_principals(settings.keys_path, settings.channel)
     principals = keyring.cli_principals(before, keyring.os_user(), list(cli_principals))
     done = []
     if before and "*" in before:
         done.append(f"channel {settings.channel} may no longer assert anyone: '*' dropped from its principals")
     done += keyring.create(settings.keys_path, {settings.channel: principals})
-    done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
-    done += asyncio.run(provision_redis(settings))
-    done += asyncio.run(provision_database(settings))
+    made = provisioning.Made()
+    try:
+        done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path)), made))
+        done += asyncio.run(provision_redis(settings, made))
+        done += asyncio.run(provision_database(settings))
+    except BaseException as failure:
+        undone = asyncio.run(provisioning.undo(settings, made))
+        if not isinstance(failure, provisioning.SetupFailed):
+            raise
+        raise SystemExit("\nsignoff setup: ".join([str(failure), *undone])) from None
     if hand_out is not None:
         # Each container mounts only its own folder (docker-compose.yml): no service reads another's keys.
         for service in keyring.HELD_BY:

@@ -1,7 +1,16 @@
 """`signoff status`: one table an on-call engineer reads: each service replica (ready or
-not, from its /readyz), each queue of the deployment (depth, unacknowledged, consumers,
-from RabbitMQ's management API), the relay's lag, the approvals waiting and the oldest,
-and the parked messages. Exits 1 when something needs a person, naming it."""
+not, from its /readyz), each queue of the deployment, the relay's lag, the approvals
+waiting and the oldest, and the parked messages. Exits 1 when something needs a person,
+naming it.
+
+Scripts gate on its exit code, so what it judges is read as of now: each queue's ready
+messages and consumers from a passive declare over AMQP (the broker's own answer, at
+once), never from the management API, whose statistics are sampled every few seconds
+(after every /readyz answered 200 it still said "nobody consumes"; after `dead-letters
+drop` it still named the dropped message). A passive declare needs no permission on the
+queue, so it is made as the operator's console identity (`<ns>.console`, which may read
+only the dead letters). Only the unacknowledged counts, which nothing but the management
+API knows, come from it: shown, marked as sampled, and never judged."""
 
 from __future__ import annotations
 
@@ -11,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
+import aiormq
 import httpx
 
 from services.approval_ledger.backlog import Backlog, measure
@@ -21,8 +32,10 @@ from shared.messages import now
 from shared.observability import know_tools
 from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
 from shared.provisioning import management_api, vhost_in_path
+from shared.redaction import redact_text
+from shared.runtime import address
 from shared.settings import Settings
-from shared.topology import Topology
+from shared.topology import OPERATOR, Topology
 
 # Past these, a person should look (the alert rules use the same: deploy/prometheus/alerts.yml).
 RELAY_LAG_LIMIT = 30.0
@@ -40,9 +53,12 @@ class Replica:
 @dataclass
 class QueueState:
     name: str
+    # As the broker answered a passive declare, at once.
     ready: int
-    unacked: int
+    # The management API's sample, seconds old (None: it could not be read); shown, never judged.
+    unacked: int | None
     consumers: int
+    exists: bool = True
 
 
 @dataclass
@@ -50,6 +66,8 @@ class Status:
     replicas: list[Replica] = field(default_factory=list)
     queues: list[QueueState] = field(default_factory=list)
     queues_error: str | None = None
+    # Why the management API's unacknowledged counts are missing (shown, not a problem of the deployment).
+    unacked_error: str | None = None
     backlog: Backlog | None = None
     backlog_error: str | None = None
     at: datetime = field(default_factory=now)
@@ -66,9 +84,13 @@ class Status:
         if self.queues_error:
             wrong.append(f"the queues cannot be read: {visible(self.queues_error, TEXT_CHARS)}")
         for queue in self.queues:
-            if queue.name == topology.dead_letter_queue.name:
-                if queue.ready + queue.unacked:
-                    wrong.append(f"{queue.ready + queue.unacked} parked message(s): see `signoff dead-letters`")
+            if not queue.exists:
+                wrong.append(f"{queue.name} does not exist: run `signoff setup`")
+            elif queue.name == topology.dead_letter_queue.name:
+                # Its ready count alone: nobody consumes the dead letters, and the unacknowledged
+                # count is a sample that would name a message dropped seconds ago.
+                if queue.ready:
+                    wrong.append(f"{queue.ready} parked message(s): see `signoff dead-letters`")
             elif queue.consumers == 0:
                 wrong.append(f"nobody consumes {queue.name} ({queue.ready} waiting)")
         if self.backlog_error:
@@ -116,23 +138,39 @@ async def _replica(http: httpx.AsyncClient, name: str, url: str) -> Replica:
 
 
 async def _queues(settings: Settings, topology: Topology) -> list[QueueState]:
-    wanted = topology.all_queue_names()
+    """Each queue's ready messages and consumers as the broker answers a passive declare
+    now, made as the operator's console identity (a passive declare needs no permission)."""
+    url, user = settings.amqp_login(OPERATOR)
+    try:
+        connection = await aio_pika.connect(url)
+    except Exception as error:
+        raise ConnectionError(
+            f"cannot connect to RabbitMQ at {address(settings.rabbitmq_url)} as {user} "
+            f"({type(error).__name__}: {redact_text(str(error))})"
+        ) from None
+    states = []
+    async with connection:
+        # The protocol's own channel: aio-pika may answer a repeated declare from its cache.
+        channel = await (await connection.channel()).get_underlay_channel()
+        for name in topology.all_queue_names():
+            try:
+                declared = await channel.queue_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                states.append(QueueState(name, 0, None, 0, exists=False))
+                # The broker closed the channel that asked.
+                channel = await (await connection.channel()).get_underlay_channel()
+                continue
+            states.append(QueueState(name, declared.message_count or 0, None, declared.consumer_count or 0))
+    return states
+
+
+async def _unacked(settings: Settings) -> dict[str, int]:
+    """Each queue's unacknowledged messages, which only the management API knows: its
+    statistics, sampled every few seconds."""
     async with management_api(settings) as api:
-        answer = await api.get(
-            f"/queues/{vhost_in_path(settings)}",
-            params={"columns": "name,messages_ready,messages_unacknowledged,consumers"},
-        )
+        answer = await api.get(f"/queues/{vhost_in_path(settings)}", params={"columns": "name,messages_unacknowledged"})
         answer.raise_for_status()
-    found = {q["name"]: q for q in answer.json()}
-    return [
-        QueueState(
-            name,
-            int(found.get(name, {}).get("messages_ready") or 0),
-            int(found.get(name, {}).get("messages_unacknowledged") or 0),
-            int(found.get(name, {}).get("consumers") or 0),
-        )
-        for name in wanted
-    ]
+    return {q["name"]: int(q.get("messages_unacknowledged") or 0) for q in answer.json()}
 
 
 async def replicas_of(name: str, url: str) -> list[tuple[str, str]]:
@@ -160,8 +198,17 @@ async def gather(settings: Settings) -> Status:
         status.replicas = list(await asyncio.gather(*(_replica(http, n, u) for n, u in asked)))
     try:
         status.queues = await _queues(settings, topology)
-    except (httpx.HTTPError, ValueError) as error:
-        status.queues_error = f"{type(error).__name__}: {error}"
+    except ConnectionError as error:
+        status.queues_error = str(error)
+    except (aiormq.exceptions.AMQPError, OSError, SystemExit) as error:  # SystemExit: no console password
+        status.queues_error = f"{type(error).__name__}: {redact_text(str(error))}"
+    if status.queues:
+        try:
+            unacked = await _unacked(settings)
+            for queue in status.queues:
+                queue.unacked = unacked.get(queue.name) if queue.exists else None
+        except (httpx.HTTPError, ValueError) as error:
+            status.unacked_error = f"{type(error).__name__}: {redact_text(str(error))}"
     try:
         know_tools([spec.name for spec in load_catalogue(settings.tools_file).tools])
         engine = create_engine(settings, identity="console", pool_size=1)
@@ -196,7 +243,16 @@ def render(status: Status, topology: Topology) -> str:
     if status.queues_error:
         lines.append(f"(cannot read the queues: {visible(status.queues_error, TEXT_CHARS)})")
     for q in status.queues:
-        lines.append(f"{visible(q.name, FIELD_CHARS):<44} {q.ready:>7} {q.unacked:>8} {q.consumers:>10}")
+        unacked = "?" if q.unacked is None else str(q.unacked)
+        if not q.exists:
+            lines.append(f"{visible(q.name, FIELD_CHARS):<44} (does not exist)")
+            continue
+        lines.append(f"{visible(q.name, FIELD_CHARS):<44} {q.ready:>7} {unacked:>8} {q.consumers:>10}")
+    if status.queues:
+        lines.append(
+            "(READY and CONSUMERS as the broker answers now; UNACKED is the management API's sample, seconds old"
+            + (f": cannot be read: {visible(status.unacked_error, TEXT_CHARS)})" if status.unacked_error else ")")
+        )
     lines.append("")
     backlog = status.backlog
     if backlog is None:
@@ -219,7 +275,7 @@ def render(status: Status, topology: Topology) -> str:
             lines.append(f"hooks undelivered    {undelivered}")
     parked = next((q for q in status.queues if q.name == topology.dead_letter_queue.name), None)
     if parked is not None:
-        lines.append(f"dead letters         {parked.ready + parked.unacked}")
+        lines.append(f"dead letters         {parked.ready}")
     wrong = status.needs_a_person(topology)
     lines.append("")
     if wrong:

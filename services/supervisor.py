@@ -59,10 +59,15 @@ class Supervisor:
         if not self.isolated:
             print(service_users.single_user_warning(), file=sys.stderr, flush=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.broker_identities:  # setup makes the broker users through it
+            from shared.provisioning import wait_for_management_api
+
+            wait_for_management_api(self.settings, lambda line: print(line, file=sys.stderr, flush=True))
         # Keys (made once) and the schema before any service starts: four services
-        # need not race to create them.
-        subprocess.run([sys.executable, "-m", "services.cli", "setup"], check=True)
-        subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
+        # need not race to create them. Each says itself why it failed.
+        for step in ("setup", "migrate"):
+            if subprocess.run([sys.executable, "-m", "services.cli", step]).returncode != 0:
+                raise SystemExit(f"signoff up: `signoff {step}` failed (its error is above); no service was started")
         if self.isolated:
             self._give_each_service_its_own_user()
         else:

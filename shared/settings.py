@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     redis_identities: bool = True
     # RabbitMQ's management API, used by `signoff setup` alone, as an administrator.
     rabbitmq_admin_url: str = "http://guest:guest@localhost:15672/"
+    # How long `signoff up` waits for that management API to answer (it may start after the
+    # broker), retrying each second, before it gives up naming it.
+    management_wait_seconds: float = 60.0
     # On PostgreSQL each service logs in as its own role, granted only what it needs
     # (`signoff setup` makes them, as SIGNOFF_DATABASE_URL's user); off: everyone
     # logs in as SIGNOFF_DATABASE_URL's user.

@@ -516,6 +516,43 @@ MUTATIONS = [
    "            shown = settings.rabbitmq_admin_url",
    "tests/integration/test_command_line.py::"
    "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
+  ("signoff status judges the management API's sampled queue figures, seconds old", "services/status.py",
+   "    url, user = settings.amqp_login(OPERATOR)\n",
+   "    async with management_api(settings) as api:\n"
+   "        answer = await api.get(f'/queues/{vhost_in_path(settings)}')\n"
+   "    found = {q['name']: q for q in answer.json()}\n"
+   "    return [QueueState(n, int(found.get(n, {}).get('messages_ready') or 0), None,\n"
+   "                       int(found.get(n, {}).get('consumers') or 0)) for n in topology.all_queue_names()]\n"
+   "    url, user = settings.amqp_login(OPERATOR)\n",
+   "tests/integration/test_status.py::"
+   "test_status_is_exact_the_moment_services_are_ready_a_message_is_parked_and_it_is_dropped"),
+  ("a failed signoff setup leaves behind the broker and Redis users it made", "services/console.py",
+   "        undone = asyncio.run(provisioning.undo(settings, made))",
+   "        undone: list[str] = []",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there "
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_with_rabbitmq_down_or_refusing_names_it_and_leaves_no_users_behind"),
+  ("a failed signoff setup also removes the broker users that were there before it", "shared/provisioning.py",
+   "            if not existed:\n                made.broker_users.append(user)",
+   "            if True:\n                made.broker_users.append(user)",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
+  ("signoff setup shows PostgreSQL's refusal as a raw traceback", "shared/provisioning.py",
+   "    except Exception as error:\n        raise SetupFailed(\"PostgreSQL\"",
+   "    except ImportError as error:\n        raise SetupFailed(\"PostgreSQL\"",
+   "tests/integration/test_setup_failures.py::"
+   "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
+  ("signoff up does not wait for a management API that answers late (setup fails at once)", "services/supervisor.py",
+   "            wait_for_management_api(self.settings, lambda line: print(line, file=sys.stderr, flush=True))",
+   "            pass",
+   "tests/integration/test_up_waits_for_management.py::"
+   "test_signoff_up_waits_for_a_management_api_that_answers_late_and_then_runs_the_services"),
+  ("signoff up whose setup fails ends in a traceback (CalledProcessError)", "services/supervisor.py",
+   "            if subprocess.run([sys.executable, \"-m\", \"services.cli\", step]).returncode != 0:",
+   "            if subprocess.run([sys.executable, \"-m\", \"services.cli\", step], check=True).returncode != 0:",
+   "tests/integration/test_up_waits_for_management.py::"
+   "test_signoff_up_whose_setup_fails_says_so_without_a_traceback"),
 ]
 
 

@@ -72,3 +72,68 @@ async def test_status_says_all_is_well_then_names_what_needs_a_person(deployment
     assert f"nobody consumes {ns}.model-step.requests" in out
     assert "1 parked message(s): see `signoff dead-letters`" in out
     assert "dead letters         1" in out
+
+
+def _all_ready(deployment) -> bool:
+    import httpx
+
+    for port in deployment.metrics_ports.values():
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code != 200:
+                return False
+        except httpx.HTTPError:
+            return False
+    return True
+
+
+async def status_now(deployment, capsys) -> tuple[int, str]:
+    """`signoff status` at once, in this process: a new interpreter would take a second to
+    start, long enough for the management API's sampled figures to catch up."""
+    from services.status import show_status
+
+    capsys.readouterr()
+    code = await show_status(deployment.settings)
+    return code, capsys.readouterr().out
+
+
+async def test_status_is_exact_the_moment_services_are_ready_a_message_is_parked_and_it_is_dropped(
+        deployment, capsys):
+    from services.console import drop_dead_letters
+
+    deployment.metrics_ports = {service: free_port() for service in SERVICES}
+    deployment.extra_env["SINK_URL"] = "http://127.0.0.1:9"
+    deployment.extra_env["SIGNOFF_STATUS_TARGETS"] = ",".join(
+        f"{service}=http://127.0.0.1:{port}" for service, port in deployment.metrics_ports.items()
+    )
+    ns = deployment.namespace
+    wrong = []  # every moment checked, each said (one stale figure must not hide the next)
+    deployment.start()
+    deadline = time.monotonic() + 30
+    while not await asyncio.to_thread(_all_ready, deployment):
+        assert time.monotonic() < deadline, "the services' /readyz never all answered 200"
+        await asyncio.sleep(0.02)
+    code, out = await status_now(deployment, capsys)
+    if not (code == 0 and out.rstrip().endswith("all well") and f"{f'{ns}.ledger.turns':<44} {0:>7}" in out):
+        wrong.append(f"at once after every /readyz answered 200 (exit {code}):\n{out}")
+    assert "UNACKED is the management API's sample" in out
+
+    async with deployment.observer() as admin:
+        channel = await admin.get_underlay_channel()
+        async with deployment.console() as console:
+            exchange = await console.channel.get_exchange(f"{ns}.channels")
+            await exchange.publish(aio_pika.Message(b"{not json", message_id="junk"), routing_key="approval.respond")
+        # The moment the broker holds it in the dead letters (its own answer, not a sample).
+        deadline = time.monotonic() + 30
+        while (await channel.queue_declare(f"{ns}.dead-letters", passive=True)).message_count != 1:
+            assert time.monotonic() < deadline, "the garbage was never parked"
+            await asyncio.sleep(0.01)
+    code, out = await status_now(deployment, capsys)
+    if not (code == 1 and "1 parked message(s): see `signoff dead-letters`" in out and "dead letters         1" in out):
+        wrong.append(f"at once after a message was parked (exit {code}):\n{out}")
+
+    assert await drop_dead_letters(deployment.settings, "junk", "olga", "garbage") == 0
+    code, out = await status_now(deployment, capsys)
+    if not (code == 0 and out.rstrip().endswith("all well") and "parked message" not in out
+            and "dead letters         0" in out):
+        wrong.append(f"at once after `dead-letters drop` (exit {code}):\n{out}")
+    assert not wrong, "status was wrong " + "\n".join(wrong)
