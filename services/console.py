@@ -575,7 +575,6 @@ async def audit_show(settings: Settings, session_id: str) -> int:
     state = "chain intact" if broken is None else f"chain BROKEN at {visible(broken.line())}"
     turns = await read_turns(settings, session_id)
     print(f"session {visible(session_id, FIELD_CHARS)}: {len(entries)} audit entries, {state}")
-    print(f"  {turn_outcome(turns[-1] if turns else None)}")
     by_id = {turn.id: turn for turn in turns}
     for entry in entries:
         seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
@@ -585,6 +584,8 @@ async def audit_show(settings: Settings, session_id: str) -> int:
             else visible(audit.story(entry))
         )
         print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {told}")
+    # Where the story ends: how its last turn ended and why, as `session show` says it.
+    print(f"  {turn_outcome(turns[-1] if turns else None)}")
     return 0 if broken is None else 1
 
 

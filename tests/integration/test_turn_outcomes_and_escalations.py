@@ -73,7 +73,7 @@ async def test_a_turn_the_provider_failed_says_its_code_and_the_providers_words_
 
     story = await asyncio.to_thread(signoff, deployment, "audit", "show", session_id)
     assert "\x1b" not in story and KEY not in story
-    assert story.splitlines()[1] == last, "audit show says the same of the last turn"
+    assert story.splitlines()[-1] == last, "audit show ends with the same of the last turn"
     ended = line_with(story, r"  \S+ \S+  +#\d+  turn ")
     as_shown = failed.reason_text.replace("\x1b", "\\x1b")
     assert ended.endswith(f"turn {turn.id} failed (provider_failed): {as_shown}"), ended
@@ -101,7 +101,7 @@ async def test_a_bounded_a_cancelled_and_a_completed_turn_each_say_how_they_ende
     assert re.fullmatch(rf"  last turn {turn.id}: failed at {WHEN}: step_limit: The turn reached its bound of 3 model "
                         r"steps \(3 model steps, 3 provider calls.*", last), last
     story = await asyncio.to_thread(signoff, deployment, "audit", "show", bounded)
-    assert story.splitlines()[1] == last
+    assert story.splitlines()[-1] == last
     ended = line_with(story, r"  \S+ \S+  +#\d+  turn ")
     assert re.search(rf"turn {turn.id} failed \(step_limit\): The turn reached its bound of 3 model steps", ended)
 
@@ -110,7 +110,7 @@ async def test_a_bounded_a_cancelled_and_a_completed_turn_each_say_how_they_ende
     [turn] = await rows(deployment, Turn, session_id=completed)
     assert re.fullmatch(rf"  last turn {turn.id}: completed at {WHEN}", line_with(shown, "  last turn ")), shown
     story = await asyncio.to_thread(signoff, deployment, "audit", "show", completed)
-    assert story.splitlines()[1] == line_with(shown, "  last turn ")
+    assert story.splitlines()[-1] == line_with(shown, "  last turn ")
     assert line_with(story, r"  \S+ \S+  +#\d+  turn ").endswith(f"turn {turn.id} completed")
 
     # Running while it waits on a person; then cancelled: by whom, and why (a person's words, shown by `visible`).
@@ -130,7 +130,7 @@ async def test_a_bounded_a_cancelled_and_a_completed_turn_each_say_how_they_ende
     last = line_with(shown, "  last turn ")
     assert re.fullmatch(rf"  last turn {turn.id}: cancelled at {WHEN} by alice: changed my mind \\x1b\[31m", last), last
     story = await asyncio.to_thread(signoff, deployment, "audit", "show", waiting)
-    assert story.splitlines()[1] == last and "\x1b" not in story
+    assert story.splitlines()[-1] == last and "\x1b" not in story
     assert line_with(story, r"  \S+ \S+  +#\d+  turn ").endswith(
         f"turn {turn.id} cancelled by alice: changed my mind \\x1b[31m")
 
