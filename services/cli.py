@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.supervisor import Supervisor
 from services.warm_start import SERVICES, run_service
+from shared import faults
 from shared.settings import Settings
 
 ALIASES = {"ledger": "approval-ledger", "executor": "tool-executor", "model": "model-step"}
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     settings = Settings()
+    # Crash tests kill a command at a named point (shared/faults.py), as they kill services.
+    faults.arm(settings.faults, settings.data_dir)
     try:
         if args.command == "run":
             return run_service(ALIASES.get(args.service, args.service))

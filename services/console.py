@@ -10,6 +10,8 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +22,7 @@ from sqlalchemy import select
 
 from services.approval_ledger.domain import speaks_for
 from services.supervisor import Supervisor
-from shared import audit, keyring, provisioning
+from shared import audit, faults, keyring, provisioning
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
@@ -29,12 +31,13 @@ from shared.ledger.tables import (
     TABLES,
     ApprovalRequest,
     Closure,
+    DeadLetterAction,
     ProviderAttemptRow,
     Session,
     TranscriptRow,
     Turn,
 )
-from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint
+from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint, now
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_inline, json_lines, visible
 from shared.provisioning import provision_broker, provision_database, provision_redis
 from shared.redaction import redact_text, redact_value
@@ -119,15 +122,31 @@ class Console:
         return unsigned.model_copy(update={"signature": sign(self._channel_key, unsigned.signed_part())})
 
 
-def print_card(request_id: str, card: dict[str, Any], digest: str) -> None:
-    print("\n".join(card_lines(request_id, card, digest)))
+def print_card(
+    request_id: str, card: dict[str, Any], digest: str, escalated: tuple[datetime, Sequence[str] | None] | None = None
+) -> None:
+    print("\n".join(card_lines(request_id, card, digest, escalated)))
 
 
-def card_lines(request_id: str, card: dict[str, Any], digest: str) -> list[str]:
+def print_request(request: ApprovalRequest) -> None:
+    """A request on record as its card, saying whether (when, to whom) it was escalated."""
+    print_card(request.id, request.card, request.args_digest, escalation_of(request))
+
+
+def escalation_of(request: ApprovalRequest) -> tuple[datetime, Sequence[str] | None] | None:
+    """(when, to whom) a request was escalated; None: it was not. Whom is None for one
+    escalated before the ledger kept it (migration 0011)."""
+    return None if request.escalated_at is None else (request.escalated_at, request.escalated_to)
+
+
+def card_lines(
+    request_id: str, card: dict[str, Any], digest: str, escalated: tuple[datetime, Sequence[str] | None] | None = None
+) -> list[str]:
     """The approval card as a person reads it. Everything on it but the frame comes
     from outside (the model wrote the arguments, and so the target), so every value
     is shown by `visible` (shared/on_screen.py): nothing on it can move the cursor,
-    clear a line, hide or reorder text, or push the target off the screen."""
+    clear a line, hide or reorder text, or push the target off the screen. `escalated`:
+    (when, to whom) it was announced again to its tool's escalation group."""
     tool, target = shown_tool(card), shown_target(card)
     lines = [
         f"  ┌ approval needed: {visible(card.get('label', ''), FIELD_CHARS)}  "
@@ -147,8 +166,61 @@ def card_lines(request_id: str, card: dict[str, Any], digest: str) -> list[str]:
         lines.append(f"  │ hidden:    {hidden} (secret: withheld from everyone but the executor)")
     if len(shown) > 8:  # the top of the card may have scrolled away: say again what it is about
         lines.append(f"  │ that is:   {tool} on {target}")
+    if escalated is not None:
+        lines.append(f"  │ escalated: {escalation_line(*escalated)}")
     lines.append(f"  └ digest:    {visible(digest, FIELD_CHARS)}")
     return lines
+
+
+def escalation_line(at: datetime, to: Sequence[str] | None) -> str:
+    """When a request was escalated and to whom (the tools file's names, shown by
+    `visible` as every name on screen is); they may approve it from then on."""
+    whom = ", ".join(visible(name, FIELD_CHARS) for name in to) if to else "(not recorded)"
+    return f"{shown_time(at)} to {whom or 'nobody'}, who may approve it as well"
+
+
+def shown_time(at: datetime | None) -> str:
+    return "?" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def turn_outcome(turn: Turn | None) -> str:
+    """How a session's last turn ended and why, in one line: its outcome, when, and
+    the reason's code and text as its `turn.failed` or `turn.cancelled` said (a
+    provider's error, the bound it reached, who cancelled it and why). The text is the
+    provider's, the model's or a person's: redacted, then shown by `visible`."""
+    if turn is None:
+        return "no turn yet"
+    head = f"last turn {visible(turn.id, FIELD_CHARS)}: {visible(turn.status, FIELD_CHARS)}"
+    if turn.status == "running":
+        return f"{head} since {shown_time(turn.created_at)}"
+    head += f" at {shown_time(turn.completed_at)}"
+    if turn.status == "completed":
+        return head
+    if turn.status == "cancelled":
+        by = f" by {visible(turn.ended_by, FIELD_CHARS)}" if turn.ended_by else ""
+        why = f": {reason_shown(turn.reason_text)}" if turn.reason_text else ""
+        return head + by + why
+    if turn.reason_code is None and turn.reason_text is None:
+        return f"{head} (its reason was not recorded: the turn ended before the ledger kept reasons)"
+    return f"{head}: {visible(turn.reason_code or '?', FIELD_CHARS)}: {reason_shown(turn.reason_text or '')}"
+
+
+def reason_shown(text: str) -> str:
+    return visible(redact_text(text), TEXT_CHARS)
+
+
+def ended_story(entry: dict[str, Any], turn: Turn | None) -> str:
+    """A `turn.ended` audit entry as `signoff audit show` tells it, with its reason's
+    text from the turn's row when that text is the one the entry's digest names (the
+    entry keeps only the digest); else says that the text on record differs."""
+    told = redact_text(audit.story(entry))
+    detail = entry.get("detail") or {}
+    digest = detail.get("reason_digest")
+    if digest is None or turn is None or turn.reason_text is None:
+        return visible(told)
+    if audit.digest_of(turn.reason_text) != digest:
+        return visible(told) + " (the turn's reason text on record does not match this entry's digest)"
+    return f"{visible(told)}: {reason_shown(turn.reason_text)}"
 
 
 def question(decision: str, request_id: str, responder: str, card: dict[str, Any]) -> str:
@@ -286,6 +358,10 @@ async def show_session(settings: Settings, session_id: str) -> int:
                 print(f"signoff: no session {session_id}", file=sys.stderr)
                 return 1
             print(f"session {visible(session.id, FIELD_CHARS)}: {session.status}")
+            last = await db.scalar(
+                select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc()).limit(1)
+            )
+            print(f"  {turn_outcome(last)}")
             for row in await db.scalars(
                 select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
             ):
@@ -312,7 +388,22 @@ async def show_session(settings: Settings, session_id: str) -> int:
                 )
             ).all()
             for request in pending:
-                print_card(request.id, request.card, request.args_digest)
+                print_request(request)
+            # Escalations of requests no longer waiting: who was asked, and when.
+            for request in await db.scalars(
+                select(ApprovalRequest)
+                .where(
+                    ApprovalRequest.session_id == session_id,
+                    ApprovalRequest.status != "pending",
+                    ApprovalRequest.escalated_at.is_not(None),
+                )
+                .order_by(ApprovalRequest.created_at)
+            ):
+                assert request.escalated_at is not None
+                print(
+                    f"  request {visible(request.id, FIELD_CHARS)} ({visible(request.status, FIELD_CHARS)}) was "
+                    f"escalated {escalation_line(request.escalated_at, request.escalated_to)}"
+                )
             attempts = (
                 await db.scalars(select(ProviderAttemptRow).where(ProviderAttemptRow.session_id == session_id))
             ).all()
@@ -337,7 +428,7 @@ async def list_pending(settings: Settings, session_id: str | None) -> int:
                 print("no pending approval requests")
             for request in requests:
                 print(f"session {visible(request.session_id, FIELD_CHARS)}")
-                print_card(request.id, request.card, request.args_digest)
+                print_request(request)
     finally:
         await engine.dispose()
     return 0
@@ -362,7 +453,7 @@ async def respond(
             print(f"signoff: request {request_id} is already {request.status}", file=sys.stderr)
             return 1
         if confirm and request is not None:
-            print_card(request.id, request.card, request.args_digest)
+            print_request(request)
             if not _confirmed(question(decision, request.id, responder, request.card)):
                 print(f"signoff: not sent; nothing was decided for {request_id}", file=sys.stderr)
                 return 1
@@ -492,11 +583,31 @@ async def audit_show(settings: Settings, session_id: str) -> int:
         return 1
     broken = audit.first(audit.session_problems(entries))
     state = "chain intact" if broken is None else f"chain BROKEN at {visible(broken.line())}"
-    print(f"session {session_id}: {len(entries)} audit entries, {state}")
+    turns = await read_turns(settings, session_id)
+    print(f"session {visible(session_id, FIELD_CHARS)}: {len(entries)} audit entries, {state}")
+    by_id = {turn.id: turn for turn in turns}
     for entry in entries:
         seq = f"#{entry['session_seq']}" if entry["session_seq"] is not None else "--"
-        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {visible(audit.story(entry))}")
+        told = (
+            ended_story(entry, by_id.get(entry["subject"]))
+            if entry["kind"] == "turn.ended"
+            else visible(audit.story(entry))
+        )
+        print(f"  {entry['recorded_at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"  {seq:>4}  {told}")
+    # Where the story ends: how its last turn ended and why, as `session show` says it.
+    print(f"  {turn_outcome(turns[-1] if turns else None)}")
     return 0 if broken is None else 1
+
+
+async def read_turns(settings: Settings, session_id: str) -> list[Turn]:
+    """A session's turns, oldest first: what `audit show` tells each one's end with."""
+    engine = create_engine(settings, identity="console", pool_size=2)
+    try:
+        async with sessionmaker(engine)() as db:
+            query = select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at, Turn.id)
+            return list((await db.scalars(query)).all())
+    finally:
+        await engine.dispose()
 
 
 async def audit_export(settings: Settings, output: str | None, session_id: str | None = None) -> int:
@@ -543,11 +654,6 @@ async def _act_on_dead_letters(
 ) -> int:
     """Take the parked messages unacknowledged, one by one; act on those asked for (record,
     then replay or not, then ack); close the channel, which returns the others in order."""
-    from contextlib import AsyncExitStack
-
-    from shared.ledger.tables import DeadLetterAction
-    from shared.messages import now
-
     acted = refused = 0
     async with AsyncExitStack() as stack:
         console = await stack.enter_async_context(Console(settings, OPERATOR))
@@ -574,39 +680,25 @@ async def _act_on_dead_letters(
                     )
                     refused += 1
                     continue
-            async with console.sessions() as db, db.begin():
-                db.add(
-                    DeadLetterAction(
-                        id=mint("dla"),
-                        action=action,
-                        message_id=parked.message_id[:256],
-                        message_type=parked.message_type[:64],
-                        session_id=parked.session_id[:256],
-                        parked_reason=f"{parked.reason}: {parked.detail}",
-                        reason=reason,
-                        operator=operator,
-                        acted_at=now(),
-                    )
-                )
+            # A console killed after recording and before the copy left the queue: its next
+            # run finishes the action on record for this very parking, and records no second.
+            recorded = await _recorded_action(console, parked, action)
+            if recorded is None:
+                await _record_action(console, parked, action, operator, reason)
+            await faults.reached("console.after_record", action)
             if identity is not None:
-                if identity not in senders:
-                    senders[identity] = await stack.enter_async_context(Console(settings, identity))
-                by = senders[identity]
-                await by.broker.publish(
-                    raw.body,
-                    exchange=by.topology.inbound_exchange(parked.message_type).name,
-                    routing_key=parked.message_type,
-                    persist=True,
-                    message_id=parked.message_id,
-                    content_type="application/json",
-                    user_id=by.user,
-                    headers={"x-signoff-replayed-by": operator},
-                )
+                await _send_back(settings, stack, senders, identity, raw, parked, operator)
             await raw.ack()
             acted += 1
             print(
                 f"{action} {visible(parked.message_id, FIELD_CHARS)}  type={visible(parked.message_type, FIELD_CHARS)}"
                 f" session={visible(parked.session_id, FIELD_CHARS)}  (parked: {visible(parked.reason, FIELD_CHARS)})"
+                + (
+                    ""
+                    if recorded is None
+                    else f"  (finishing the action {visible(recorded.operator, FIELD_CHARS)} recorded at "
+                    f"{shown_time(recorded.acted_at)}: recorded once)"
+                )
             )
     if message_id is not None and acted == 0 and refused == 0:
         print(f"signoff: no parked message {message_id}", file=sys.stderr)
@@ -614,6 +706,69 @@ async def _act_on_dead_letters(
     if message_id is None:
         print(f"{acted} message(s) {action}" + (f", {refused} could not be" if refused else ""))
     return 1 if refused else 0
+
+
+async def _recorded_action(console: Console, parked: ParkedMessage, action: str) -> DeadLetterAction | None:
+    """The same action already on record for this parked copy (same message id, same
+    parking), if a console recorded it and died before the copy left the queue. A copy
+    whose parking time nobody wrote (`?`) cannot be told from another: never matched."""
+    if parked.parked_at == "?":
+        return None
+    async with console.sessions() as db:
+        query = (
+            select(DeadLetterAction)
+            .where(
+                DeadLetterAction.message_id == parked.message_id[:256],
+                DeadLetterAction.parked_at == parked.parked_at[:64],
+                DeadLetterAction.action == action,
+            )
+            .limit(1)
+        )
+        return await db.scalar(query)
+
+
+async def _record_action(console: Console, parked: ParkedMessage, action: str, operator: str, reason: str) -> None:
+    """What the operator does with a parked copy, committed before the copy leaves the queue."""
+    async with console.sessions() as db, db.begin():
+        db.add(
+            DeadLetterAction(
+                id=mint("dla"),
+                action=action,
+                message_id=parked.message_id[:256],
+                message_type=parked.message_type[:64],
+                session_id=parked.session_id[:256],
+                parked_reason=f"{parked.reason}: {parked.detail}",
+                reason=reason,
+                operator=operator,
+                acted_at=now(),
+                parked_at=parked.parked_at[:64],
+            )
+        )
+
+
+async def _send_back(
+    settings: Settings,
+    stack: AsyncExitStack,
+    senders: dict[str, Console],
+    identity: str,
+    raw: aio_pika.abc.AbstractIncomingMessage,
+    parked: ParkedMessage,
+    operator: str,
+) -> None:
+    """Publish a parked message to the queue of its type, as `identity`, with its own id."""
+    if identity not in senders:
+        senders[identity] = await stack.enter_async_context(Console(settings, identity))
+    by = senders[identity]
+    await by.broker.publish(
+        raw.body,
+        exchange=by.topology.inbound_exchange(parked.message_type).name,
+        routing_key=parked.message_type,
+        persist=True,
+        message_id=parked.message_id,
+        content_type="application/json",
+        user_id=by.user,
+        headers={"x-signoff-replayed-by": operator},
+    )
 
 
 def _original_sender(settings: Settings, topology: Topology, parked: ParkedMessage) -> tuple[str | None, str]:

@@ -259,5 +259,8 @@ def story(entry: dict[str, Any]) -> str:
         return f"{subject} closed as {d.get('closed_as')}{reason}"
     if kind == "turn.ended":
         reason = f" ({d['reason_code']})" if d.get("reason_code") else ""
+        if d.get("status") == "cancelled":
+            # A cancellation's who and why are on the entry itself (a person's words, not a digest).
+            reason = (f" by {d['by']}" if d.get("by") else "") + (f": {d['reason']}" if d.get("reason") else "")
         return f"turn {subject} {d.get('status')}{reason}"
     return f"{kind} {subject or ''}".rstrip()

@@ -31,6 +31,10 @@ POINTS = {
     "executor.after_claim": "after the durable claim, before the tool runs",
     "executor.after_effect": "after the tool ran, before its result is recorded",
     "executor.after_record": "after the result was recorded, before it is reported",
+    "console.after_record": (
+        "`signoff dead-letters replay|drop`: after the action was recorded in the ledger, before the message "
+        "is replayed and leaves the dead-letter queue (tag: replayed or dropped)"
+    ),
 }
 
 _armed: dict[tuple[str, str | None], str] = {}

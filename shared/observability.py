@@ -84,6 +84,12 @@ CALLS_CLOSED = Counter(
     "cancelled, outcome_unknown, ...)",
     ["tool", "outcome"],
 )
+ESCALATIONS = Counter(
+    "signoff_approval_escalations_total",
+    "Approval requests nobody decided in their tool's escalation time, announced again to its "
+    "escalation group (once each), by tool",
+    ["tool"],
+)
 TURNS_BOUNDED = Counter(
     "signoff_turns_bounded_total",
     "Turns the ledger ended because they reached their bound (step_limit), by which bound: steps or tokens",

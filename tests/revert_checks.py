@@ -553,6 +553,38 @@ MUTATIONS = [
    "            if subprocess.run([sys.executable, \"-m\", \"services.cli\", step], check=True).returncode != 0:",
    "tests/integration/test_up_waits_for_management.py::"
    "test_signoff_up_whose_setup_fails_says_so_without_a_traceback"),
+  ("a dead-letter action acknowledged before it is recorded (issue 20, item 10)", "services/console.py",
+   "            if recorded is None:\n"
+   "                await _record_action(console, parked, action, operator, reason)\n"
+   "            await faults.reached(\"console.after_record\", action)\n"
+   "            if identity is not None:\n"
+   "                await _send_back(settings, stack, senders, identity, raw, parked, operator)\n"
+   "            await raw.ack()\n",
+   "            await raw.ack()\n"
+   "            if recorded is None:\n"
+   "                await _record_action(console, parked, action, operator, reason)\n"
+   "            await faults.reached(\"console.after_record\", action)\n"
+   "            if identity is not None:\n"
+   "                await _send_back(settings, stack, senders, identity, raw, parked, operator)\n",
+   "tests/crash/test_dead_letter_actions_crash.py::"
+   "test_a_drop_killed_after_its_record_leaves_the_message_parked_and_a_rerun_drops_it_recorded_once[sqlite] "
+   "tests/crash/test_dead_letter_actions_crash.py::"
+   "test_a_replay_killed_after_its_record_sends_nothing_and_a_rerun_replays_it_once[postgres]"),
+  ("a rerun of a killed dead-letter action records it again", "services/console.py",
+   "            recorded = await _recorded_action(console, parked, action)\n",
+   "            recorded = None\n",
+   "tests/crash/test_dead_letter_actions_crash.py::"
+   "test_a_drop_killed_after_its_record_leaves_the_message_parked_and_a_rerun_drops_it_recorded_once[postgres]"),
+  ("a failed turn's reason is not kept on its row (only the event says why)", "services/approval_ledger/records.py",
+   "            reason_code=ended.reason_code,\n            reason_text=ended.reason_text,\n",
+   "",
+   "tests/integration/test_turn_outcomes_and_escalations.py::"
+   "test_a_turn_the_provider_failed_says_its_code_and_the_providers_words_in_session_show_and_audit_show[sqlite]"),
+  ("an escalation is neither kept with its addressees nor counted", "services/approval_ledger/handlers.py",
+   "escalated_at=uow.now, escalated_to=escalated_to)\n        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)\n",
+   "escalated_at=uow.now)\n",
+   "tests/integration/test_turn_outcomes_and_escalations.py::"
+   "test_an_escalated_request_says_when_and_to_whom_in_pending_and_session_show_and_is_counted_once[postgres]"),
 ]
 
 

@@ -40,6 +40,7 @@ from shared.messages import (
 )
 from shared.observability import (
     APPROVAL_OUTCOMES,
+    ESCALATIONS,
     LEDGER_TRANSACTION,
     TIME_TO_DECISION,
     TURNS_BOUNDED,
@@ -589,7 +590,16 @@ async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> b
 async def escalate_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
     """Announce a request nobody decided in its tool's escalation time again, to the
     escalation group, who may approve it from now on. Once: the request row records
-    it in the same transaction. True: it was escalated now."""
+    it (when, and to whom) in the same transaction, and the count moves only once that
+    transaction committed. True: it was escalated now."""
+    with counting_on_commit() as committed:
+        escalated = await _escalate_request(ledger, request_id, session_id)
+        if escalated:
+            committed()
+        return escalated
+
+
+async def _escalate_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
     async with ledger.unit_of_work() as uow:
         session = await uow.lock_session(session_id)
         request, _ = await reads.request_and_calls(uow, request_id, session_id, responder="")
@@ -598,8 +608,9 @@ async def escalate_request(ledger: Ledger, request_id: str, session_id: str) -> 
             return False
         if spec is None or spec.escalation is None or request.card is None:
             return False
-        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now)
         escalated_to = sorted(ledger.catalogue.principals(spec.escalation.to))
+        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now, escalated_to=escalated_to)
+        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)
         uow.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
         uow.emit(
             session,

@@ -173,11 +173,29 @@ def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | Turn
         session.status = "idle"
         said = {"status": "completed", "text_digest": digest_of(ended.text)}
     elif isinstance(ended, TurnFailed):
-        uow.update(TURNS, ended.turn_id, status="failed", final_text=None, completed_at=uow.now)
+        # The reason's text on the turn's row: the session goes back to idle, so without
+        # it only the event said why (the audit entry keeps its digest, not the text).
+        uow.update(
+            TURNS,
+            ended.turn_id,
+            status="failed",
+            final_text=None,
+            completed_at=uow.now,
+            reason_code=ended.reason_code,
+            reason_text=ended.reason_text,
+        )
         session.status = "idle"
         said = {"status": "failed", "reason_code": ended.reason_code, "reason_digest": digest_of(ended.reason_text)}
     else:
-        uow.update(TURNS, ended.turn_id, status="cancelled", final_text=None, completed_at=uow.now)
+        uow.update(
+            TURNS,
+            ended.turn_id,
+            status="cancelled",
+            final_text=None,
+            completed_at=uow.now,
+            reason_text=ended.reason,
+            ended_by=ended.cancelled_by,
+        )
         session.status = "cancelled"
         said = {"status": "cancelled", "by": ended.cancelled_by, "reason": ended.reason}
     uow.audit(session, session.id, "turn.ended", subject=ended.turn_id, message_id=ended.causation_id, **said)

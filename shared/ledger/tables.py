@@ -100,6 +100,13 @@ class Turn(Base):
     started_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime]
     completed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Why it ended as it did (migration 0011), as its `turn.failed` or `turn.cancelled`
+    # said: a failure's code and text (`provider_failed`, "HTTP 500: …"), a cancellation's
+    # reason and who cancelled it. `signoff session show` and `audit show` read them; the
+    # audit entry keeps only the text's digest, which they check the text against.
+    reason_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    ended_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
 
 class Step(Base):
@@ -165,6 +172,8 @@ class ApprovalRequest(Base):
     # When an unanswered request is announced again to its tool's escalation group, and when it was.
     escalate_at: Mapped[datetime | None] = mapped_column(nullable=True)
     escalated_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The principals it was escalated to, as the tools file named them then (migration 0011).
+    escalated_to: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # The ledger's Ed25519 seal, made with the request, over its call's id, tool and
     # argument fingerprint (shared/authorization.py `seal_request`): the executor runs an
     # approved call only if it names the arguments on record and in the command, so
@@ -321,6 +330,10 @@ class DeadLetterAction(Base):
     reason: Mapped[str] = mapped_column(Text)
     operator: Mapped[str] = mapped_column(String(256))
     acted_at: Mapped[datetime]
+    # Which parked copy it was about (its parking time, as `signoff dead-letters` lists it;
+    # migration 0011): a console killed after recording the action and before the copy
+    # left the queue finds it on its next run and finishes that action, not a second one.
+    parked_at: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class PublisherLeader(Base):
