@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from services import service_users
-from services.warm_start import SERVICES, Child, fork_service, preload
+from services import service_users, tool_launcher
+from services.warm_start import SERVICES, Child, dying_with_this_process, fork_service, preload
 from shared.settings import Settings
 
 
@@ -65,6 +65,9 @@ class Supervisor:
         subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
         if self.isolated:
             self._give_each_service_its_own_user()
+            # Before the executor: its first python call goes through the launcher.
+            self._spawn(tool_launcher.SERVICE)
+            self._wait_for_launcher()
         else:
             preload()
         for service in SERVICES:
@@ -96,8 +99,56 @@ class Supervisor:
                 "ordinary user or set SIGNOFF_SINGLE_USER=true"
             )
         self.accounts = accounts
+        # The executor is not root, so it cannot start a tool as anyone but itself: a
+        # root launcher starts each python tool as `signoff-tools` for it (a tool run as
+        # the executor's user could read the executor's passwords).
+        self.launcher_socket = tool_launcher.socket_path(self.settings.data_dir.resolve())
+        self.environments["tool-executor"]["SIGNOFF_TOOL_LAUNCHER"] = str(self.launcher_socket)
+
+    def _spawn_launcher(self) -> None:
+        """The tool launcher as root, a fresh interpreter with a plain environment: it
+        holds no setting, password or secret of Signoff's (services/tool_launcher.py)."""
+        from services.tool_executor.tools import tool_data_dir
+        from shared.settings import PROJECT_ROOT
+
+        log = self.log_dir / f"{tool_launcher.SERVICE}.log"
+        self.log_offset[tool_launcher.SERVICE] = log.stat().st_size if log.exists() else 0
+        plain = {k: v for k, v in os.environ.items() if k in service_users.PLAIN_ENVIRONMENT or k.startswith("LC_")}
+        with open(log, "ab") as output:
+            self.children[tool_launcher.SERVICE] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.tool_launcher",
+                    "--socket",
+                    str(self.launcher_socket),
+                    "--client",
+                    self.accounts["tool-executor"].user,
+                    "--tools-dir",
+                    str(tool_data_dir(self.settings.data_dir.resolve())),
+                ],
+                env={**plain, "PYTHONDONTWRITEBYTECODE": "1"},
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=dying_with_this_process(),
+            )
+
+    def _wait_for_launcher(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        child = self.children[tool_launcher.SERVICE]
+        while not self.became_ready(tool_launcher.SERVICE):
+            if child.poll() is not None or time.monotonic() > deadline:
+                log = self.log_dir / f"{tool_launcher.SERVICE}.log"
+                raise SystemExit(f"signoff up: the tool launcher did not start (log: {log})")
+            time.sleep(0.02)
 
     def _spawn(self, service: str) -> None:
+        if service == tool_launcher.SERVICE:
+            self._spawn_launcher()
+            return
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
         log = self.log_dir / f"{service}.log"
         self.log_offset[service] = log.stat().st_size if log.exists() else 0
