@@ -100,6 +100,8 @@ def dying_with_the_launcher() -> Callable[[], None]:
 @dataclass
 class Connection:
     socket: socket.socket
+    # Who connected, as the kernel says (SO_PEERCRED): not what the peer claims.
+    uid: int
     process: subprocess.Popen | None = None
     pidfd: int | None = None
 
@@ -178,13 +180,8 @@ class Launcher:
             client, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        uid = peer_uid(client)
-        if uid != self.client_uid:
-            # Anyone else (a tool, another service) starts nothing.
-            self._answer_and_close(client, Refused(refused=f"only uid {self.client_uid} may start tools, not {uid}"))
-            return
         client.setblocking(False)
-        connection = Connection(client)
+        connection = Connection(client, peer_uid(client))
         self.connections[client.fileno()] = connection
         self.selector.register(client, selectors.EVENT_READ, ("socket", connection))
 
@@ -210,6 +207,10 @@ class Launcher:
         try:
             if not data and not descriptors:
                 self._forget(connection)  # gone before asking
+                return
+            if connection.uid != self.client_uid:
+                # Anyone else (a tool, another service) starts nothing; its request is not looked at.
+                self._refuse(connection, f"only uid {self.client_uid} may start tools, not {connection.uid}")
                 return
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 self._refuse(connection, "the request is too long or carries too many descriptors")
@@ -280,11 +281,6 @@ class Launcher:
     def _refuse(self, connection: Connection, reason: str) -> None:
         self._send(connection.socket, Refused(refused=reason))
         self._forget(connection)
-
-    def _answer_and_close(self, client: socket.socket, answer: BaseModel) -> None:
-        client.setblocking(False)
-        self._send(client, answer)
-        client.close()
 
     def _send(self, client: socket.socket, answer: BaseModel) -> None:
         # The executor may be gone (its end closed): nobody left to tell.

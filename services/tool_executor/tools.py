@@ -309,11 +309,16 @@ async def _launch(path: Path) -> _Launched:
         ours += [stdin_write, stdout_read, stderr_read]
         theirs += [stdin_read, stdout_write, stderr_write]
         request = LaunchRequest(launch="python-tool", environment=_plain_environment())
-        socket.send_fds(connection, [request.model_dump_json().encode()], theirs)
-        for descriptor in theirs:
-            os.close(descriptor)
-        theirs.clear()
-        said = await loop.sock_recv(connection, MESSAGE_BYTES)
+        try:
+            socket.send_fds(connection, [request.model_dump_json().encode()], theirs)
+            for descriptor in theirs:
+                os.close(descriptor)
+            theirs.clear()
+            said = await loop.sock_recv(connection, MESSAGE_BYTES)
+        except OSError as error:
+            raise LauncherUnavailable(
+                f"the tool launcher at {path} ended the connection ({type(error).__name__}); nothing ran"
+            ) from None
         try:
             answer = Answer.validate_json(said)
         except ValueError:
