@@ -121,14 +121,19 @@ class Launcher:
         self.path = path
         self.tools_dir = tools_dir
         # The tools' folder: theirs alone; they reach it as their working directory.
+        # Changed only if it differs: in a container the launcher holds CAP_CHOWN but not
+        # CAP_FOWNER, so it cannot chmod a folder the image already gave the tools' user.
         tools_dir.mkdir(parents=True, exist_ok=True)
-        os.chown(tools_dir, *self.tools)
-        tools_dir.chmod(0o700)
+        if stat.S_IMODE(tools_dir.stat().st_mode) != 0o700:
+            tools_dir.chmod(0o700)
+        if (tools_dir.stat().st_uid, tools_dir.stat().st_gid) != self.tools:
+            os.chown(tools_dir, *self.tools)
         # Only root and the executor's group may enter the socket's folder: no tool can
         # reach, replace or squat the socket (and the launcher checks who connects anyway).
         folder = path.parent
         folder.mkdir(parents=True, exist_ok=True)
-        os.chown(folder, 0, entry.pw_gid)
+        if (folder.stat().st_uid, folder.stat().st_gid) != (0, entry.pw_gid):
+            os.chown(folder, 0, entry.pw_gid)
         folder.chmod(0o750)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
