@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
-    print(f"tool-launcher ready on {launcher.path}, for uid {launcher.client_uid}", flush=True)
+    print(f"tool-launcher ready on {launcher.path}, for uid {launcher.client_uid} (pid {os.getpid()})", flush=True)
     launcher.serve(stop)
     return 0
 
