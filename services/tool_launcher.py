@@ -196,8 +196,7 @@ class Launcher:
             return
         # Anything after the request (data, or the end of the connection) means stop.
         with contextlib.suppress(OSError):
-            if connection.socket.recv(1):
-                pass
+            connection.socket.recv(1)
         self.selector.unregister(connection.socket)
         self._kill(connection)
 
