@@ -65,9 +65,7 @@ class Supervisor:
         subprocess.run([sys.executable, "-m", "services.cli", "migrate"], check=True)
         if self.isolated:
             self._give_each_service_its_own_user()
-            # Before the executor: its first python call goes through the launcher.
-            self._spawn(tool_launcher.SERVICE)
-            self._wait_for_launcher()
+            self._give_the_executor_a_tool_launcher()
         else:
             preload()
         for service in SERVICES:
@@ -99,11 +97,16 @@ class Supervisor:
                 "ordinary user or set SIGNOFF_SINGLE_USER=true"
             )
         self.accounts = accounts
-        # The executor is not root, so it cannot start a tool as anyone but itself: a
-        # root launcher starts each python tool as `signoff-tools` for it (a tool run as
-        # the executor's user could read the executor's passwords).
+
+    def _give_the_executor_a_tool_launcher(self) -> None:
+        """The executor is not root, so it cannot start a tool as anyone but itself: a root
+        launcher starts each python tool as `signoff-tools` for it (a tool run as the
+        executor's user could read the executor's passwords). Started, and ready, before
+        the executor: its first python call goes through it."""
         self.launcher_socket = tool_launcher.socket_path(self.settings.data_dir.resolve())
         self.environments["tool-executor"]["SIGNOFF_TOOL_LAUNCHER"] = str(self.launcher_socket)
+        self._spawn(tool_launcher.SERVICE)
+        self._wait_for_launcher()
 
     def _spawn_launcher(self) -> None:
         """The tool launcher as root, a fresh interpreter with a plain environment: it

@@ -258,7 +258,7 @@ class Launcher:
                 start_new_session=True,
                 preexec_fn=self.die_with_launcher,
             )
-        except OSError as error:
+        except (OSError, subprocess.SubprocessError) as error:  # SubprocessError: preexec_fn failed
             self._refuse(connection, f"the tool's process could not start: {type(error).__name__}: {error}")
             return
         connection.process = process

@@ -522,7 +522,7 @@ MUTATIONS = [
    "            if False:\n",
    "tests/unit/test_tool_launcher.py::test_a_peer_with_another_uid_is_refused_and_nothing_runs"),
   ("signoff up as root does not give the executor the tool launcher", "services/supervisor.py",
-   '        self.environments["tool-executor"]["SIGNOFF_TOOL_LAUNCHER"] = str(self.launcher_socket)\n',
+   "            self._give_the_executor_a_tool_launcher()\n",
    "",
    "tests/integration/test_tool_isolation.py::"
    "test_under_signoff_up_as_root_a_hostile_python_tool_runs_as_signoff_tools_and_reads_none_of_the_executors_keys"),
