@@ -115,8 +115,8 @@ async def _run_python(
 ) -> ToolResult:
     """The call runs in a process of its own (`tool_process`) that holds only the
     variables the tool declares and runs as TOOLS_USER: started by the tool launcher
-    when one is configured (the executor is then never root, and cannot switch users
-    itself), or here when the executor is root. Only an executor that is neither runs
+    when one is configured (an executor that is not root cannot switch users itself),
+    otherwise here when the executor is root. Only an executor that is neither runs
     the tool as its own user. A tool cannot read the executor's keys, passwords,
     settings or memory, nor another tool's secrets, nor speak to the broker as the
     executor. The loop stays free meanwhile, so the claim's heartbeat keeps beating
