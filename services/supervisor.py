@@ -217,15 +217,20 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping = True
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for child in self.children.values():
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
+        # The services first, then the tool launcher: a tool the executor is finishing as
+        # it stops is not killed under it (the launcher kills every tool when it stops).
+        services = {name: child for name, child in self.children.items() if name != tool_launcher.SERVICE}
+        launcher = {name: child for name, child in self.children.items() if name == tool_launcher.SERVICE}
+        for group in (services, launcher):
+            for child in group.values():
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for child in group.values():
+                try:
+                    child.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
 
     def run_until_interrupted(self) -> int:
         self.start()
