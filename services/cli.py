@@ -109,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--output", help="a file to write (default: standard output)")
     export.add_argument("--session", help="only this session's entries")
 
+    # Listed here; its options are its own (services/tool_launcher.py, `signoff tool-launcher --help`).
+    commands.add_parser(
+        "tool-launcher",
+        help="start python tools as signoff-tools for an executor that is not root (runs as root; "
+        "`signoff up` starts it itself)",
+    )
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["tool-launcher"]:
+        # Before the settings are read: the launcher takes none of Signoff's.
+        from services import tool_launcher
+
+        return tool_launcher.main(arguments[1:])
+
     args = parser.parse_args(argv)
     settings = Settings()
     # Crash tests kill a command at a named point (shared/faults.py), as they kill services.

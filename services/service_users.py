@@ -28,6 +28,7 @@ says so at start.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from services.warm_start import dying_with_this_process
 from shared import keyring
-from shared.catalogue import env_references
+from shared.catalogue import env_references, load_catalogue
 from shared.settings import Settings, without_password
 
 # The group of the data the services share (the data folder; on SQLite the ledger's file).
@@ -197,6 +198,10 @@ def environment_of(service: str, settings: Settings, keys: Path, environ: dict[s
     for owner, path in secrets_files.items():
         if path is not None and path.exists():
             own_only[owner] = own_only.get(owner, set()) | set(env_references(path.read_text()))
+    if settings.tools_file.exists():
+        # A python tool's declared `env:` names too: they are no `${env:…}` in the text.
+        with contextlib.suppress(Exception):  # a catalogue that does not load stops the executor, saying why
+            own_only["tool-executor"] |= load_catalogue(settings.tools_file).env_references()
     others = set().union(*(names for owner, names in own_only.items() if owner != service))
     env = {k: v for k, v in environ.items() if k in PLAIN_ENVIRONMENT or k.startswith("LC_")}
     for name, value in environ.items():

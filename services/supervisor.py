@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from services import service_users
-from services.warm_start import SERVICES, Child, fork_service, preload
+from services import service_users, tool_launcher
+from services.warm_start import SERVICES, Child, dying_with_this_process, fork_service, preload
 from shared.settings import Settings
 
 
@@ -70,6 +70,7 @@ class Supervisor:
                 raise SystemExit(f"signoff up: `signoff {step}` failed (its error is above); no service was started")
         if self.isolated:
             self._give_each_service_its_own_user()
+            self._give_the_executor_a_tool_launcher()
         else:
             preload()
         for service in SERVICES:
@@ -102,7 +103,60 @@ class Supervisor:
             )
         self.accounts = accounts
 
+    def _give_the_executor_a_tool_launcher(self) -> None:
+        """The executor is not root, so it cannot start a tool as anyone but itself: a root
+        launcher starts each python tool as `signoff-tools` for it (a tool run as the
+        executor's user could read the executor's passwords). Started, and ready, before
+        the executor: its first python call goes through it."""
+        self.launcher_socket = tool_launcher.socket_path(self.settings.data_dir.resolve())
+        self.environments["tool-executor"]["SIGNOFF_TOOL_LAUNCHER"] = str(self.launcher_socket)
+        self._spawn(tool_launcher.SERVICE)
+        self._wait_for_launcher()
+
+    def _spawn_launcher(self) -> None:
+        """The tool launcher as root, a fresh interpreter with a plain environment: it
+        holds no setting, password or secret of Signoff's (services/tool_launcher.py)."""
+        from services.tool_executor.tools import tool_data_dir
+        from shared.settings import PROJECT_ROOT
+
+        log = self.log_dir / f"{tool_launcher.SERVICE}.log"
+        self.log_offset[tool_launcher.SERVICE] = log.stat().st_size if log.exists() else 0
+        plain = {k: v for k, v in os.environ.items() if k in service_users.PLAIN_ENVIRONMENT or k.startswith("LC_")}
+        with open(log, "ab") as output:
+            self.children[tool_launcher.SERVICE] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.tool_launcher",
+                    "--socket",
+                    str(self.launcher_socket),
+                    "--client",
+                    self.accounts["tool-executor"].user,
+                    "--tools-dir",
+                    str(tool_data_dir(self.settings.data_dir.resolve())),
+                ],
+                env={**plain, "PYTHONDONTWRITEBYTECODE": "1"},
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=dying_with_this_process(),
+            )
+
+    def _wait_for_launcher(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        child = self.children[tool_launcher.SERVICE]
+        while not self.became_ready(tool_launcher.SERVICE):
+            if child.poll() is not None or time.monotonic() > deadline:
+                log = self.log_dir / f"{tool_launcher.SERVICE}.log"
+                raise SystemExit(f"signoff up: the tool launcher did not start (log: {log})")
+            time.sleep(0.02)
+
     def _spawn(self, service: str) -> None:
+        if service == tool_launcher.SERVICE:
+            self._spawn_launcher()
+            return
         # Its own session, as before: Ctrl-C reaches the supervisor, which stops the children in order.
         log = self.log_dir / f"{service}.log"
         self.log_offset[service] = log.stat().st_size if log.exists() else 0
@@ -168,15 +222,20 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping = True
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for child in self.children.values():
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
+        # The services first, then the tool launcher: a tool the executor is finishing as
+        # it stops is not killed under it (the launcher kills every tool when it stops).
+        services = {name: child for name, child in self.children.items() if name != tool_launcher.SERVICE}
+        launcher = {name: child for name, child in self.children.items() if name == tool_launcher.SERVICE}
+        for group in (services, launcher):
+            for child in group.values():
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for child in group.values():
+                try:
+                    child.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
 
     def run_until_interrupted(self) -> int:
         self.start()

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     # own files (services/service_users.py); true: every service as root, sharing every
     # key: a single-user development deployment, as it says at start. Never in production.
     single_user: bool = False
+    # The tool launcher's socket (services/tool_launcher.py): set, every python tool is
+    # started through it, as `signoff-tools`, and a call fails if it cannot be reached;
+    # unset, an executor that is root starts tools as `signoff-tools` itself, and one that
+    # is not runs them as its own user. `signoff up` as root, compose and Kubernetes set it.
+    tool_launcher: Path | None = None
     # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
     # port 0: none. `signoff up` gives its children this port plus their index.
     metrics_port: int = 9464

@@ -194,4 +194,5 @@ async def reach_for_the_executors_secrets(arguments: dict[str, Any], context: An
         "own variable (sha-256)": hashlib.sha256(own.encode()).hexdigest() if own is not None else None,
         "published as the executor": published,
         "why not": why,
+        "uid": os.getuid(),
     }

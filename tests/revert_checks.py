@@ -585,6 +585,35 @@ MUTATIONS = [
    "escalated_at=uow.now)\n",
    "tests/integration/test_turn_outcomes_and_escalations.py::"
    "test_an_escalated_request_says_when_and_to_whom_in_pending_and_session_show_and_is_counted_once[postgres]"),
+  # Issue 19, hole 4: python tools never run as the executor's user (the tool launcher).
+  ("the tool launcher serves any peer (its SO_PEERCRED check removed)", "services/tool_launcher.py",
+   "            if connection.uid != self.client_uid:\n",
+   "            if False:\n",
+   "tests/unit/test_tool_launcher.py::test_a_peer_with_another_uid_is_refused_and_nothing_runs"),
+  ("signoff up as root does not give the executor the tool launcher", "services/supervisor.py",
+   "            self._give_the_executor_a_tool_launcher()\n",
+   "",
+   "tests/integration/test_tool_isolation.py::"
+   "test_under_signoff_up_as_root_a_hostile_python_tool_runs_as_signoff_tools_and_reads_none_of_the_executors_keys"),
+  ("the tool launcher starts tools as itself, root (no switch of user)", "services/tool_launcher.py",
+   "                user=uid,\n                group=gid,\n                extra_groups=[],\n",
+   "",
+   "tests/unit/test_tool_launcher.py::test_a_peer_with_the_executors_uid_gets_its_tool_run_as_signoff_tools"),
+  ("the tool launcher takes any variable for the tool's process (LD_PRELOAD, SIGNOFF_*)", "shared/tool_launch.py",
+   "        unknown = sorted(set(environment) - set(PASSED_ENVIRONMENT))\n",
+   "        unknown: list[str] = []\n",
+   "tests/unit/test_tool_launcher.py::test_a_malformed_request_is_refused_with_a_reason_and_nothing_runs"),
+  ("the tool launcher leaves the tool running when the executor lets go (a timeout)", "services/tool_launcher.py",
+   "        self.selector.unregister(connection.socket)\n        self._kill(connection)\n",
+   "        self.selector.unregister(connection.socket)\n",
+   "tests/unit/test_tool_launcher.py::test_when_the_executor_lets_go_the_tools_whole_process_group_is_killed "
+   "tests/unit/test_tool_launcher.py::test_through_the_launcher_a_timeout_kills_the_tool_and_what_it_started"),
+  ("an unreachable tool launcher lets the executor run the tool itself, as its own user", "services/tool_executor/tools.py",
+   "            process = await (_start_here(folder) if launcher is None else _launch(launcher))\n",
+   "            process = await (_start_here(context.data_dir) if launcher is None or not launcher.exists()\n"
+   "                             else _launch(launcher))\n",
+   "tests/unit/test_tool_launcher.py::"
+   "test_a_configured_launcher_that_cannot_be_reached_is_an_error_and_the_tool_never_runs_here"),
 ]
 
 

@@ -43,6 +43,8 @@ class Executor:
     # The largest message a consumer accepts (SIGNOFF_MAX_MESSAGE_BYTES): a report past it
     # leaves its output in the claim row, where the ledger reads it.
     max_bytes: int | None = None
+    # The tool launcher's socket (SIGNOFF_TOOL_LAUNCHER): python tools start through it.
+    tool_launcher: Path | None = None
 
 
 async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
@@ -114,7 +116,7 @@ async def _claim_run_and_report(
             )
             heartbeat = asyncio.create_task(_keep_lease(executor, command.call_id))
             try:
-                result = await run_tool(spec, command.arguments, context, executor.http)
+                result = await run_tool(spec, command.arguments, context, executor.http, executor.tool_launcher)
             finally:
                 heartbeat.cancel()
             await faults.reached("executor.after_effect")

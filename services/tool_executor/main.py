@@ -24,18 +24,27 @@ from shared.settings import Settings
 from .claims import Claims
 from .handlers import Executor, execute_tool
 from .leases import Leases
-from .tools import ToolUserMissing, tool_data_dir, tools_user
+from .tools import TOOLS_USER, ToolUserMissing, tool_data_dir, tools_user
 
 log = logging.getLogger("signoff.tool_executor")
 
 
-async def keep_tools_out(data_dir: Path) -> None:
-    """Python tools run as a user of their own when the executor is root (tools.py): what
-    is in the data folder (keys, the SQLite ledger, logs) is none of theirs, and they
-    reach their own folder in it as their working directory. Group access, if any, is
-    left as it is. Without that user, python calls fail (each says why); the rest runs."""
+async def keep_tools_out(data_dir: Path, launcher: Path | None) -> None:
+    """Python tools run as a user of their own when a tool launcher starts them or the
+    executor is root (tools.py): what is in the data folder (keys, the SQLite ledger,
+    logs) is none of theirs, and they reach their own folder in it as their working
+    directory. Group access, if any, is left as it is. Without that user, python calls
+    fail (each says why); the rest runs. Otherwise a tool runs as this process's user,
+    and can read what it reads: said at start."""
+    if launcher is not None:
+        log.info("python tools start through the tool launcher at %s, as %s", launcher, TOOLS_USER)
+        return
     try:
         if await tools_user() is None:
+            log.warning(
+                "python tools run as this executor's own user (it is not root and SIGNOFF_TOOL_LAUNCHER is "
+                "not set): a tool can read this executor's passwords. Give it a tool launcher (docs/design.md)"
+            )
             return
     except ToolUserMissing as missing:
         log.error("python tools cannot run: %s", missing)
@@ -55,7 +64,7 @@ async def run(settings: Settings) -> None:
     # Every value the tools take from this environment is a secret: never in a log line or a dead letter.
     redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
     know_tools([spec.name for spec in catalogue.tools])
-    await keep_tools_out(settings.data_dir.resolve())
+    await keep_tools_out(settings.data_dir.resolve(), settings.tool_launcher)
     ledger_key = keyring.ledger_public_key(settings.keys_path)
     async with httpx.AsyncClient() as http:
         executor = Executor(
@@ -67,6 +76,7 @@ async def run(settings: Settings) -> None:
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=ledger_key,
             max_bytes=settings.max_message_bytes,
+            tool_launcher=settings.tool_launcher,
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
         try:

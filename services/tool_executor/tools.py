@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import pwd
 import signal
-import subprocess
+import socket
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +27,26 @@ from shared.catalogue import (
 from shared.catalogue import resolve_secrets as resolve
 from shared.messages import Outcome
 from shared.redaction import redact_text, redact_url, redact_value
+from shared.tool_launch import (
+    MESSAGE_BYTES,
+    PASSED_ENVIRONMENT,
+    TOOLS_USER,
+    Answer,
+    Exited,
+    LaunchRequest,
+    Refused,
+    ToolUserMissing,
+    tools_account,
+)
 
 from .tool_process import RESULT_BYTES, Call, NoResult, ToolContext, result_of
 
-__all__ = ["ToolContext", "ToolResult", "run_tool", "tool_data_dir", "tools_user"]
+__all__ = ["TOOLS_USER", "ToolContext", "ToolResult", "ToolUserMissing", "run_tool", "tool_data_dir", "tools_user"]
 
 # A call's error as reported, recorded and said to the model: enough to say why.
 ERROR_CHARS = 1000
 # What is kept of a tool process's stderr, to say why it died.
 STDERR_KEPT = 4096
-# Who python tools run as when the executor is root: a user that owns nothing of Signoff's.
-TOOLS_USER = "signoff-tools"
 
 
 @dataclass(frozen=True)
@@ -53,62 +62,37 @@ def tool_data_dir(data_dir: Path) -> Path:
     return data_dir / "tools"
 
 
-class ToolUserMissing(Exception):
-    pass
-
-
 _tools_user: tuple[int, int] | None = None
 
 
 async def tools_user() -> tuple[int, int] | None:
-    """(uid, gid) python tools run as: None when the executor is not root (a tool then
-    runs as the executor's user, docs/design.md says what that leaves open); as root,
+    """(uid, gid) python tools run as when this executor starts them itself: None when
+    the executor is not root (a tool then runs as the executor's user, unless a tool
+    launcher is configured: docs/design.md says what that leaves open); as root,
     TOOLS_USER, made if missing (a system user with no home and no shell). Never root."""
     global _tools_user
     if os.geteuid() != 0:
         return None
     if _tools_user is None:
-        try:
-            entry = pwd.getpwnam(TOOLS_USER)
-        except KeyError:
-            made = await asyncio.to_thread(
-                subprocess.run,
-                [
-                    "useradd",
-                    "--system",
-                    "--user-group",
-                    "--no-create-home",
-                    "--home-dir",
-                    "/nonexistent",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    TOOLS_USER,
-                ],
-                capture_output=True,
-                text=True,
-            )
-            try:  # made now, or by another executor meanwhile
-                entry = pwd.getpwnam(TOOLS_USER)
-            except KeyError:
-                raise ToolUserMissing(
-                    f"python tools never run as root, and the user {TOOLS_USER!r} could not be made: "
-                    f"{made.stderr.strip()[:200]}"
-                ) from None
-        if entry.pw_uid == 0:
-            raise ToolUserMissing(f"the user {TOOLS_USER!r} is root; python tools never run as root")
-        _tools_user = (entry.pw_uid, entry.pw_gid)
+        _tools_user = await asyncio.to_thread(tools_account)
     return _tools_user
 
 
 async def run_tool(
-    spec: ToolSpec, arguments: dict[str, Any], context: ToolContext, http: httpx.AsyncClient
+    spec: ToolSpec,
+    arguments: dict[str, Any],
+    context: ToolContext,
+    http: httpx.AsyncClient,
+    launcher: Path | None = None,
 ) -> ToolResult:
     """Run the call; what it returns has this call's secrets hidden (its declared
     secret arguments, the `${env:…}` values it used, credential shapes in errors):
-    the result is recorded, reported, put in the transcript and sent to hooks."""
+    the result is recorded, reported, put in the transcript and sent to hooks.
+    `launcher`: the tool launcher's socket (SIGNOFF_TOOL_LAUNCHER), through which
+    every python tool is then started."""
     implementation = spec.implementation
     if isinstance(implementation, PythonImplementation):
-        result = await _run_python(implementation, spec, arguments, context)
+        result = await _run_python(implementation, spec, arguments, context, launcher)
     elif isinstance(implementation, HttpImplementation):
         result = await _run_http(implementation, spec, arguments, context, http)
     else:
@@ -123,50 +107,52 @@ async def run_tool(
 
 
 async def _run_python(
-    implementation: PythonImplementation, spec: ToolSpec, arguments: dict[str, Any], context: ToolContext
+    implementation: PythonImplementation,
+    spec: ToolSpec,
+    arguments: dict[str, Any],
+    context: ToolContext,
+    launcher: Path | None,
 ) -> ToolResult:
     """The call runs in a process of its own (`tool_process`) that holds only the
-    variables the tool declares and, when the executor is root, runs as TOOLS_USER:
-    a tool cannot read the executor's keys, passwords, settings or memory, nor
-    another tool's secrets, nor speak to the broker as the executor. The loop stays
-    free meanwhile, so the claim's heartbeat keeps beating however long the tool
-    takes. Past the declared timeout the process is killed and the call ends: an
-    outward one as outcome-unknown (it may have had its effect), a read or idempotent
-    one as an error. A process that dies or answers garbage is an error result."""
+    variables the tool declares and runs as TOOLS_USER: started by the tool launcher
+    when one is configured (an executor that is not root cannot switch users itself),
+    otherwise here when the executor is root. Only an executor that is neither runs
+    the tool as its own user. A tool cannot read the executor's keys, passwords,
+    settings or memory, nor another tool's secrets, nor speak to the broker as the
+    executor. The loop stays free meanwhile, so the claim's heartbeat keeps beating
+    however long the tool takes. Past the declared timeout the process group is
+    killed and the call ends: an outward one as outcome-unknown (it may have had its
+    effect), a read or idempotent one as an error. A process that dies or answers
+    garbage is an error result."""
     try:
         env = {name: resolve(f"${{env:{name}}}") for name in implementation.env}
     except MissingSecret as missing:
         return ToolResult("error", error=f"the executor cannot make this call: {missing}")
-    try:
-        run_as = await tools_user()
-    except ToolUserMissing as missing:
-        return ToolResult("error", error=str(missing))
-    try:
-        folder = _own_folder(context.data_dir, run_as)
-    except OSError as error:
-        return ToolResult("error", error=f"the tools' folder cannot be prepared: {type(error).__name__}: {error}")
-    call = Call(implementation.function, arguments, context, env, _import_path(), run_as)
-    python, handed, descriptors = _interpreter()
+    if launcher is None:
+        try:
+            run_as = await tools_user()
+        except ToolUserMissing as missing:
+            return ToolResult("error", error=str(missing))
+        try:
+            folder = _own_folder(context.data_dir, run_as)
+        except OSError as error:
+            return ToolResult("error", error=f"the tools' folder cannot be prepared: {type(error).__name__}: {error}")
+        call = Call(implementation.function, arguments, context, env, _import_path(), run_as)
+    else:
+        # The launcher chooses the user and the folder; the process starts as TOOLS_USER.
+        # This process's descriptors mean nothing in it: its import path is the launcher's.
+        import_path = [p for p in _import_path() if not p.startswith(_HANDED)]
+        call = Call(implementation.function, arguments, context, env, import_path, None)
     timeout = implementation.timeout_seconds
     deadline = asyncio.timeout(timeout)
-    process = None
+    process: _Here | _Launched | None = None
     try:
         async with deadline:
-            process = await asyncio.create_subprocess_exec(
-                *python,
-                "-c",
-                # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
-                "from services.tool_executor.tool_process import main; main()",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=folder,
-                env={**_basic_environment(folder), **handed},
-                pass_fds=descriptors,
-                # A group of its own: a timeout kills whatever the tool started too.
-                start_new_session=True,
-            )
+            process = await (_start_here(folder) if launcher is None else _launch(launcher))
             stdout, stderr = await _exchange(process, call.encode())
+    except LauncherUnavailable as unavailable:
+        # Never run here instead, as the executor's own user: nothing ran.
+        return ToolResult("error", error=str(unavailable))
     except OSError as error:
         if isinstance(error, TimeoutError) and deadline.expired():
             late = f"the tool did not finish within {timeout:g} s"
@@ -175,9 +161,11 @@ async def _run_python(
         # No process to run it in: nothing ran.
         return ToolResult("error", error=f"the tool's process could not start: {type(error).__name__}: {error}")
     finally:
-        if process is not None and process.returncode is None:
-            _kill(process)
-            await _ended(process)
+        if process is not None:
+            if process.returncode is None:
+                process.kill()
+                await process.ended()
+            process.close()
     if stdout is None:
         return ToolResult("error", error=f"the tool's process answered more than {RESULT_BYTES >> 20} MiB")
     try:
@@ -189,11 +177,190 @@ async def _run_python(
     return ToolResult("output", output) if failure is None else ToolResult("error", error=failure)
 
 
-async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[bytes | None, bytes]:
+class _Here:
+    """A tool's process this executor started itself (it is root, or runs tools as itself)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        self.process = process
+        self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """The whole group: whatever the tool started too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def ended(self) -> None:
+        """Until the process has exited. Not `wait()`: it also waits for every process
+        that holds one of its pipes, and a tool may leave one behind."""
+        while self.process.returncode is None:
+            await asyncio.sleep(0.005)
+
+    def end_leftovers(self) -> None:
+        self.kill()
+
+    def close(self) -> None:
+        pass
+
+
+async def _start_here(folder: Path) -> _Here:
+    python, handed, descriptors = _interpreter()
+    process = await asyncio.create_subprocess_exec(
+        *python,
+        "-c",
+        # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
+        "from services.tool_executor.tool_process import main; main()",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=folder,
+        env={**_basic_environment(folder), **handed},
+        pass_fds=descriptors,
+        # A group of its own: a timeout kills whatever the tool started too.
+        start_new_session=True,
+    )
+    return _Here(process)
+
+
+class LauncherUnavailable(Exception):
+    """The tool launcher could not be reached, is not root, or refused: nothing ran."""
+
+
+# SO_PEERCRED's answer: pid, uid, gid.
+_PEER = struct.Struct("3i")
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    return _PEER.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))[1]
+
+
+class _Launched:
+    """A tool's process the tool launcher started (shared/tool_launch.py): its pipes are
+    this executor's, its process is the launcher's to signal. Shutting down our end of
+    the connection is how we ask it to kill the process's group."""
+
+    def __init__(
+        self,
+        connection: socket.socket,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        transports: list[asyncio.BaseTransport],
+    ) -> None:
+        self.connection = connection
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.transports = transports
+        self.returncode: int | None = None
+        self.watch = asyncio.ensure_future(self._until_exited())
+
+    async def _until_exited(self) -> None:
+        """The launcher's `Exited`; or its end of the connection closing (it stopped):
+        the exit status is then unknown, and the call's answer, if whole, still counts."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError, ValueError):
+            answer = Answer.validate_json(await loop.sock_recv(self.connection, MESSAGE_BYTES))
+            if isinstance(answer, Exited):
+                self.returncode = answer.exited
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+
+    async def ended(self) -> None:
+        # The launcher kills with SIGKILL and answers at once; bounded all the same.
+        await asyncio.wait({self.watch}, timeout=10.0)
+
+    def end_leftovers(self) -> None:
+        """The launcher ended them before it said the process exited."""
+
+    def close(self) -> None:
+        self.watch.cancel()
+        for transport in self.transports:
+            transport.close()
+        self.connection.close()
+
+
+async def _launch(path: Path) -> _Launched:
+    """Ask the tool launcher at `path` to start the tool's process, handing it the
+    process's end of three pipes; LauncherUnavailable when it cannot or will not."""
+    loop = asyncio.get_running_loop()
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    connection.setblocking(False)
+    ours: list[int] = []
+    theirs: list[int] = []
+    try:
+        try:
+            await loop.sock_connect(connection, str(path))
+        except OSError as error:
+            raise LauncherUnavailable(
+                f"python tools run only through the tool launcher at {path}, which cannot be reached "
+                f"({type(error).__name__}: {error.strerror or error}); nothing ran"
+            ) from None
+        if _peer_uid(connection) != 0:
+            # Only root can start a process as TOOLS_USER: anything else there is not the launcher.
+            raise LauncherUnavailable(f"the tool launcher at {path} is not root's; nothing ran")
+        pipes = [os.pipe() for _ in range(3)]
+        # The process reads its stdin and writes its stdout and stderr; we, the other ends.
+        (stdin_read, stdin_write), (stdout_read, stdout_write), (stderr_read, stderr_write) = pipes
+        ours += [stdin_write, stdout_read, stderr_read]
+        theirs += [stdin_read, stdout_write, stderr_write]
+        request = LaunchRequest(launch="python-tool", environment=_plain_environment())
+        try:
+            socket.send_fds(connection, [request.model_dump_json().encode()], theirs)
+            for descriptor in theirs:
+                os.close(descriptor)
+            theirs.clear()
+            said = await loop.sock_recv(connection, MESSAGE_BYTES)
+        except OSError as error:
+            raise LauncherUnavailable(
+                f"the tool launcher at {path} ended the connection ({type(error).__name__}); nothing ran"
+            ) from None
+        try:
+            answer = Answer.validate_json(said)
+        except ValueError:
+            raise LauncherUnavailable(f"the tool launcher at {path} answered no start; nothing ran") from None
+        if isinstance(answer, Refused):
+            raise LauncherUnavailable(f"the tool launcher refused to start the tool: {answer.refused}")
+        if isinstance(answer, Exited):
+            raise LauncherUnavailable(f"the tool launcher at {path} answered no start; nothing ran")
+        stdout = asyncio.StreamReader(limit=1 << 16)
+        stderr = asyncio.StreamReader(limit=1 << 16)
+        transports: list[asyncio.BaseTransport] = []
+        try:
+            for descriptor, reader in ((stdout_read, stdout), (stderr_read, stderr)):
+                ours.remove(descriptor)  # the pipe object owns it from here
+                reading, _ = await loop.connect_read_pipe(
+                    lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
+                    os.fdopen(descriptor, "rb", buffering=0),
+                )
+                transports.append(reading)
+            ours.remove(stdin_write)
+            writing, protocol = await loop.connect_write_pipe(
+                asyncio.streams.FlowControlMixin, os.fdopen(stdin_write, "wb", buffering=0)
+            )
+            transports.append(writing)
+        except BaseException:
+            for opened in transports:
+                opened.close()
+            raise
+        stdin = asyncio.StreamWriter(writing, protocol, None, loop)
+        return _Launched(connection, stdin, stdout, stderr, transports)
+    except BaseException:
+        for descriptor in ours + theirs:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        connection.close()
+        raise
+
+
+async def _exchange(process: _Here | _Launched, call: bytes) -> tuple[bytes | None, bytes]:
     """Write the call; read the answer (past RESULT_BYTES the process is killed and the
     answer dropped) and the end of stderr; wait for the process to end, then end what
     it left behind in its group."""
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
 
     async def write() -> None:
@@ -207,7 +374,7 @@ async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[b
         while len(answer) <= RESULT_BYTES and (more := await stdout.read(1 << 20)):
             answer += more
         if len(answer) > RESULT_BYTES:
-            _kill(process)
+            process.kill()
             return None
         return answer
 
@@ -220,33 +387,25 @@ async def _exchange(process: asyncio.subprocess.Process, call: bytes) -> tuple[b
     tail = asyncio.create_task(read_tail())
     try:
         _, answer = await asyncio.gather(write(), read_answer())
-        await _ended(process)
+        await process.ended()
         # Whatever the tool left running in its group ends with its call (and lets go of stderr).
-        _kill(process)
+        process.end_leftovers()
         await asyncio.wait({tail}, timeout=1.0)
     finally:
         tail.cancel()
     return answer, bytes(kept)
 
 
-async def _ended(process: asyncio.subprocess.Process) -> None:
-    """Until the process has exited. Not `wait()`: it also waits for every process that
-    holds one of its pipes, and a tool may leave one behind."""
-    while process.returncode is None:
-        await asyncio.sleep(0.005)
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+def _plain_environment() -> dict[str, str]:
+    basics = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
+    basics.setdefault("PATH", os.defpath)
+    return basics
 
 
 def _basic_environment(folder: Path) -> dict[str, str]:
     """What any program expects to find, and nothing of the executor's (the tool's
     declared variables come on stdin, `Call.env`, out of /proc/<pid>/environ)."""
-    basics = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ") if name in os.environ}
-    basics.setdefault("PATH", os.defpath)
-    return {**basics, "HOME": str(folder)}
+    return {**_plain_environment(), "HOME": str(folder)}
 
 
 def _interpreter() -> tuple[list[str], dict[str, str], tuple[int, ...]]:

@@ -4,6 +4,7 @@ applied once (invariant 9); Ctrl-C stops every service."""
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -158,4 +159,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_service_running(up_sqlite_de
         up.wait(30)
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
     assert len(pids) == 4, output.text
+    if not single_user:  # and the tool launcher it started as root, which starts python tools
+        [launcher] = re.findall(r"tool-launcher ready .*\(pid (\d+)\)", (logs / "tool-launcher.log").read_text())
+        pids.append(int(launcher))
     wait_until(lambda: all(gone(pid) for pid in pids), 30, "every service ending with its supervisor")

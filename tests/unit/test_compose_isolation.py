@@ -13,6 +13,7 @@ from shared.keyring import HELD_BY
 from shared.settings import PROJECT_ROOT
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
+DOCKERFILE = (PROJECT_ROOT / "deploy" / "Dockerfile").read_text()
 ADMIN_SETTINGS = {"SIGNOFF_RABBITMQ_ADMIN_URL"}
 SECRET_NAMES = re.compile(r"KEY$|PASSWORD|TOKEN|SECRET|AUTH")
 
@@ -26,12 +27,17 @@ def mounts(service: dict) -> list[tuple[str, str, str]]:
     return found
 
 
+# Besides its keys: the executor reaches the tool launcher's socket (read-only; shared with the launcher alone).
+LAUNCHER_SOCKET = ("tool-launcher", "/run/signoff-launcher", "ro")
+
+
 def test_each_service_mounts_only_its_own_keys_read_only_and_shares_no_volume():
     services = COMPOSE["services"]
     seen: dict[str, str] = {}
     for name in SERVICES:
         service = services[name]
-        assert mounts(service) == [(f"keys-{name}", "/keys", "ro")], f"{name} mounts only its own keys, read-only"
+        expected = [(f"keys-{name}", "/keys", "ro")] + ([LAUNCHER_SOCKET] if name == "tool-executor" else [])
+        assert mounts(service) == expected, f"{name} mounts only its own keys, read-only"
         assert service["environment"]["SIGNOFF_KEYS_DIR"] == "/keys"
         for source, _, _ in mounts(service):
             assert source not in seen, f"{name} shares {source} with {seen.get(source)}"
@@ -67,3 +73,33 @@ def test_the_setup_job_alone_holds_every_key_and_hands_each_service_exactly_its_
 def test_redis_requires_a_password():
     redis = COMPOSE["services"]["redis"]
     assert "--requirepass" in redis["command"]
+
+
+def test_the_executor_starts_python_tools_through_a_root_launcher_that_holds_nothing_else():
+    """A python tool never runs as the executor's user (docs/design.md, "Trust boundaries"):
+    the executor is told the launcher's socket, which is in a volume only the two mount;
+    the launcher, root so that it can start a process as `signoff-tools`, mounts no key,
+    is told no setting, may only switch users, kill and chown, and serves the image's
+    user (the executor's) alone."""
+    services = COMPOSE["services"]
+    executor, launcher = services["tool-executor"], services["tool-launcher"]
+    socket = executor["environment"]["SIGNOFF_TOOL_LAUNCHER"]
+    volume, folder, _ = LAUNCHER_SOCKET
+    assert socket.startswith(folder + "/")
+    assert mounts(launcher) == [(volume, folder, "rw")], "the launcher mounts its socket's folder and no key"
+    assert [name for name, service in services.items() if volume in [s for s, _, _ in mounts(service)]] == \
+        ["tool-executor", "tool-launcher"], "no other container reaches the launcher"
+    assert "environment" not in launcher and "env_file" not in launcher, "the launcher is told nothing"
+    command = launcher["command"]
+    assert command[0] == "tool-launcher"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    image_user = re.search(r"useradd --create-home --uid (\d+) (\S+)", DOCKERFILE)
+    assert options["--socket"] == socket and options["--client"] == image_user[2], "it serves the executor's user"
+    assert re.search(r"useradd .*--uid (\d+) signoff-tools", DOCKERFILE.replace("\\\n", " ")), "the tools' user"
+    assert launcher["user"] == "root" and launcher["cap_drop"] == ["ALL"]
+    assert set(launcher["cap_add"]) <= {"SETUID", "SETGID", "KILL", "CHOWN"}
+    assert "no-new-privileges:true" in launcher["security_opt"]
+    assert executor["depends_on"]["tool-launcher"] == {"condition": "service_healthy"}
+    # Everything else the executor depends on, as every service does.
+    assert executor["depends_on"].items() >= services["approval-ledger"]["depends_on"].items()
+    assert "user" not in executor, "the executor runs as the image's user"

@@ -62,6 +62,13 @@ def containers(objects):
     return [c for o in objects if o["kind"] == "Deployment" for c in o["spec"]["template"]["spec"]["containers"]]
 
 
+def own_container(deployment) -> dict:
+    """The container that runs the deployment's service (the executor's pod also runs the tool launcher)."""
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == deployment["metadata"]["name"]]
+    return container
+
+
 def of_kind(objects, kind):
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
@@ -126,7 +133,9 @@ def test_each_service_is_one_deployment_of_the_image_running_that_service_with_i
     assert re.search(r'^ENTRYPOINT \["signoff"\]', dockerfile, re.M), "the args below assume `signoff` is the entrypoint"
     for name, deployment in deployments.items():
         assert deployment["spec"]["replicas"] >= MIN_REPLICAS[name], name
-        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        container = own_container(deployment)
+        assert {c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]} == \
+            {name} | ({"tool-launcher"} if name == "tool-executor" else set()), name
         assert container["image"].partition(":")[0] == image_name, f"{name} runs another image than compose builds"
         assert container["args"] == ["run", name] and "command" not in container
 
@@ -137,7 +146,7 @@ def test_probes_hit_the_health_endpoints_on_the_declared_metrics_port(objects):
     assert settings["SIGNOFF_METRICS_HOST"] == "0.0.0.0", "a probe from the kubelet must reach the pod's address"
     for name, deployment in of_kind(objects, "Deployment").items():
         template = deployment["spec"]["template"]
-        [container] = template["spec"]["containers"]
+        container = own_container(deployment)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports == {"metrics": port}, name
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -170,7 +179,7 @@ def test_selectors_select_their_pods_and_every_replicated_service_has_one_disrup
     for name, deployment in deployments.items():
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert metrics["spec"]["selector"].items() <= labels.items(), f"the metrics Service misses {name}"
-        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        container = own_container(deployment)
         assert metrics["spec"]["ports"][0]["targetPort"] in {p["name"] for p in container["ports"]}
 
 
@@ -179,7 +188,7 @@ def test_pods_run_as_the_images_user_without_privileges_on_a_read_only_root(obje
     for name, deployment in of_kind(objects, "Deployment").items():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == uid, name
-        [container] = pod["containers"]
+        container = own_container(deployment)
         context = container["securityContext"]
         assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False, name
         assert context["capabilities"]["drop"] == ["ALL"]
@@ -198,7 +207,7 @@ def test_each_service_gets_only_its_own_keys_from_its_own_secret_and_no_secret_i
         [keys] = [v["secret"] for v in pod["volumes"] if "secret" in v]
         assert keys["secretName"] == f"signoff-{name}"
         assert {item["path"] for item in keys["items"]} == KEYS[name], name
-        [container] = pod["containers"]
+        container = own_container(deployment)
         for variable in container.get("env", []):
             if re.search(r"KEY|PASSWORD|TOKEN|SECRET", variable["name"]):
                 assert "value" not in variable and variable["valueFrom"]["secretKeyRef"]["name"] == f"signoff-{name}"
@@ -210,6 +219,44 @@ def test_every_setting_set_is_one_a_service_reads(objects):
     known = set(ModelStepSettings.model_fields) | set(PublisherSettings.model_fields) | METRICS_SETTINGS
     given = set(of_kind(objects, "ConfigMap")["signoff-settings"]["data"])
     for deployment in of_kind(objects, "Deployment").values():
-        given |= {v["name"] for v in deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        given |= {v["name"] for v in own_container(deployment).get("env", [])}
     unread = {name for name in given if not name.startswith("SIGNOFF_") or name[8:].lower() not in known}
     assert not unread, f"settings no service reads (misspelt?): {unread}"
+
+
+def test_the_executor_starts_python_tools_through_a_root_launcher_beside_it_that_holds_nothing_else(objects):
+    """A python tool never runs as the executor's user (docs/design.md, "Trust boundaries"):
+    the executor's pod runs the tool launcher as a second container, the only root one,
+    with no key, no setting and only the capabilities to switch users, kill and chown;
+    the two share only the launcher's socket, the executor read-only."""
+    deployment = of_kind(objects, "Deployment")["tool-executor"]
+    pod = deployment["spec"]["template"]["spec"]
+    executor = own_container(deployment)
+    [launcher] = [c for c in pod["containers"] if c["name"] == "tool-launcher"]
+    assert not pod.get("shareProcessNamespace"), "the tools would see the executor's processes"
+    socket = {v["name"]: v["value"] for v in executor["env"]}["SIGNOFF_TOOL_LAUNCHER"]
+    shared = {m["name"] for m in executor["volumeMounts"]} & {m["name"] for m in launcher["volumeMounts"]}
+    assert shared == {"launcher"}, "the executor and the launcher share the socket's folder and nothing else"
+    [in_executor] = [m for m in executor["volumeMounts"] if m["name"] == "launcher"]
+    [in_launcher] = [m for m in launcher["volumeMounts"] if m["name"] == "launcher"]
+    assert in_executor["readOnly"] is True and in_executor["mountPath"] == in_launcher["mountPath"]
+    assert socket.startswith(in_launcher["mountPath"] + "/")
+    [volume] = [v for v in pod["volumes"] if v["name"] == "launcher"]
+    assert volume == {"name": "launcher", "emptyDir": {}}
+    options = dict(zip(launcher["args"][1::2], launcher["args"][2::2], strict=True))
+    assert launcher["args"][0] == "tool-launcher" and "command" not in launcher
+    dockerfile = (PROJECT_ROOT / "deploy" / "Dockerfile").read_text()
+    image_user = re.search(r"useradd --create-home --uid (\d+) (\S+)", dockerfile)[2]
+    assert options["--socket"] == socket and options["--client"] == image_user
+    assert "env" not in launcher and "envFrom" not in launcher, "the launcher is told no setting"
+    assert {m["name"] for m in launcher["volumeMounts"]} == {"launcher", "tool-data", "tool-tmp"}, "no key"
+    context = launcher["securityContext"]
+    assert context["runAsUser"] == 0 and context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert set(context["capabilities"]["add"]) <= {"SETUID", "SETGID", "KILL", "CHOWN"}
+    # Every other container of every pod runs as the image's user, without privileges.
+    for other in of_kind(objects, "Deployment").values():
+        for container in other["spec"]["template"]["spec"]["containers"]:
+            if container is not launcher:
+                assert "runAsUser" not in container.get("securityContext", {}), container["name"]

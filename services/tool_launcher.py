@@ -1,0 +1,334 @@
+"""The tool launcher: a small root process that starts python tools as `signoff-tools`
+for an executor that is not root (shared/tool_launch.py has the protocol).
+
+Why: a tool run as the executor's own user could read the executor's passwords,
+publish as the executor and finish its claims (docs/design.md, "Trust boundaries").
+The executor runs as its own unprivileged user (`signoff up` as root, the image), so
+something else must be able to switch users. This process can, and holds nothing
+else: no setting, password, key or tool secret (it is started with a plain
+environment and never sees a call's arguments or a tool's variables, which the
+executor writes on the tool's stdin itself).
+
+What it does, and nothing more:
+- listens on a Unix socket in a folder only root and the executor's group may
+  enter (0750), and serves only the executor's uid (SO_PEERCRED);
+- for a valid `LaunchRequest` with the tool's three pipe ends, starts
+  `tool_process` as TOOLS_USER (no supplementary groups, its own process group, in
+  its own folder, the interpreter handed as descriptors like every service under
+  `signoff up`, `services/service_users.py` `Interpreter`), dying with the launcher;
+- kills the tool's whole process group when the process ends (what it left behind),
+  when the executor closes or shuts down its end (a timeout), or when the launcher
+  stops; and says how the process ended.
+
+One thread, one `selectors` loop: no lock, and `preexec_fn` is safe.
+
+    python -m services.tool_launcher --socket PATH --client USER [--tools-dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import pwd
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from shared.tool_launch import MESSAGE_BYTES, LaunchRequest, Refused, Started, ToolUserMissing, tools_account
+from shared.tool_launch import Exited as ExitedAnswer
+
+# Its name among `signoff up`'s children (its log: <log dir>/tool-launcher.log).
+SERVICE = "tool-launcher"
+# The tool's own process (services/tool_executor/tool_process.py), as the executor starts it.
+TOOL_PROCESS = "from services.tool_executor.tool_process import main; main()"
+# SO_PEERCRED's answer: pid, uid, gid.
+PEER = struct.Struct("3i")
+
+
+def socket_path(data_dir: Path) -> Path:
+    """Where `signoff up` puts the launcher's socket: a folder of its own in the data folder."""
+    return data_dir / "tool-launcher" / "launcher.sock"
+
+
+def peer_uid(connection: socket.socket) -> int:
+    return PEER.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER.size))[1]
+
+
+def pipe_ends_problem(descriptors: list[int]) -> str | None:
+    """Exactly three pipe ends: the tool's stdin to read, its stdout and stderr to write."""
+    if len(descriptors) != 3:
+        return f"expected 3 descriptors (stdin, stdout, stderr), got {len(descriptors)}"
+    for name, descriptor, mode in zip(
+        ("stdin", "stdout", "stderr"), descriptors, (os.O_RDONLY, os.O_WRONLY, os.O_WRONLY), strict=True
+    ):
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return f"the tool's {name} is not a pipe"
+        if fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE != mode:
+            return f"the tool's {name} is not a pipe's {'read' if mode == os.O_RDONLY else 'write'} end"
+    return None
+
+
+def dying_with_the_launcher() -> Callable[[], None]:
+    """What the tool's process calls after it became TOOLS_USER (a change of user clears
+    the setting): SIGKILL when the launcher dies, so no tool outlives the process that
+    watches it. Prepared here: a process that has already become TOOLS_USER may not load
+    anything from this Python's folders (pyenv under /root)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    launcher = os.getpid()
+
+    def die_with_launcher() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != launcher:  # it died before the signal was asked for
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_launcher
+
+
+@dataclass
+class Connection:
+    socket: socket.socket
+    # Who connected, as the kernel says (SO_PEERCRED): not what the peer claims.
+    uid: int
+    process: subprocess.Popen | None = None
+    pidfd: int | None = None
+
+
+class Launcher:
+    def __init__(self, path: Path, client: str, tools_dir: Path) -> None:
+        if os.geteuid() != 0:
+            raise SystemExit("the tool launcher must run as root: it starts each python tool as its own user")
+        try:
+            self.tools = tools_account()
+        except ToolUserMissing as missing:
+            raise SystemExit(str(missing)) from None
+        entry = pwd.getpwuid(int(client)) if client.isdigit() else pwd.getpwnam(client)
+        if entry.pw_uid == self.tools[0]:
+            raise SystemExit(f"the launcher's client is the executor's user, never the tools' own ({entry.pw_name})")
+        self.client_uid = entry.pw_uid
+        self.path = path
+        self.tools_dir = tools_dir
+        # The tools' folder: theirs alone; they reach it as their working directory.
+        # Changed only if it differs: in a container the launcher holds CAP_CHOWN but not
+        # CAP_FOWNER, so it cannot chmod a folder the image already gave the tools' user.
+        tools_dir.mkdir(parents=True, exist_ok=True)
+        if stat.S_IMODE(tools_dir.stat().st_mode) != 0o700:
+            tools_dir.chmod(0o700)
+        if (tools_dir.stat().st_uid, tools_dir.stat().st_gid) != self.tools:
+            os.chown(tools_dir, *self.tools)
+        # Only root and the executor's group may enter the socket's folder: no tool can
+        # reach, replace or squat the socket (and the launcher checks who connects anyway).
+        folder = path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder.stat().st_uid, folder.stat().st_gid) != (0, entry.pw_gid):
+            os.chown(folder, 0, entry.pw_gid)
+        folder.chmod(0o750)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(str(path))
+        os.chown(path, 0, entry.pw_gid)
+        path.chmod(0o660)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        from services.service_users import Interpreter
+
+        self.python = Interpreter()
+        self.die_with_launcher = dying_with_the_launcher()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.connections: dict[int, Connection] = {}
+
+    def serve(self, stop: list[bool] | None = None) -> None:
+        stop = stop if stop is not None else [False]
+        try:
+            while not stop[0]:
+                for key, _ in self.selector.select(timeout=0.5):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        kind, connection = key.data
+                        if kind == "socket":
+                            self._readable(connection)
+                        else:
+                            self._exited(connection)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for connection in list(self.connections.values()):
+            self._kill(connection)
+            if connection.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    connection.process.wait(5)
+            self._forget(connection)
+        with contextlib.suppress(OSError):
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        client.setblocking(False)
+        connection = Connection(client, peer_uid(client))
+        self.connections[client.fileno()] = connection
+        self.selector.register(client, selectors.EVENT_READ, ("socket", connection))
+
+    def _readable(self, connection: Connection) -> None:
+        if connection.process is None:
+            self._request(connection)
+            return
+        # Anything after the request (data, or the end of the connection) means stop.
+        with contextlib.suppress(OSError):
+            connection.socket.recv(1)
+        self.selector.unregister(connection.socket)
+        self._kill(connection)
+
+    def _request(self, connection: Connection) -> None:
+        try:
+            data, descriptors, flags, _ = socket.recv_fds(connection.socket, MESSAGE_BYTES, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._forget(connection)
+            return
+        try:
+            if not data and not descriptors:
+                self._forget(connection)  # gone before asking
+                return
+            if connection.uid != self.client_uid:
+                # Anyone else (a tool, another service) starts nothing; its request is not looked at.
+                self._refuse(connection, f"only uid {self.client_uid} may start tools, not {connection.uid}")
+                return
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                self._refuse(connection, "the request is too long or carries too many descriptors")
+                return
+            problem = pipe_ends_problem(descriptors)
+            if problem:
+                self._refuse(connection, problem)
+                return
+            try:
+                request = LaunchRequest.model_validate_json(data)
+            except ValidationError as invalid:
+                # What was wrong, by place and rule: never the value sent.
+                why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in invalid.errors())
+                self._refuse(connection, f"not a launch request: {why}"[:900])
+                return
+            self._start(connection, request, descriptors)
+        finally:
+            for descriptor in descriptors:
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+
+    def _start(self, connection: Connection, request: LaunchRequest, descriptors: list[int]) -> None:
+        uid, gid = self.tools
+        stdin, stdout, stderr = descriptors
+        try:
+            process = subprocess.Popen(
+                self.python.command("-s", "-P", "-c", TOOL_PROCESS),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                # Its folder by descriptor-free path: entered before the switch of user (chdir
+                # comes first), so a folder above it only root may enter does not matter.
+                cwd=self.tools_dir,
+                env={**request.environment, "HOME": str(self.tools_dir), **self.python.environment()},
+                pass_fds=self.python.descriptors,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                umask=0o077,
+                # A group of its own: whatever the tool starts is killed with it.
+                start_new_session=True,
+                preexec_fn=self.die_with_launcher,
+            )
+        except (OSError, subprocess.SubprocessError) as error:  # SubprocessError: preexec_fn failed
+            self._refuse(connection, f"the tool's process could not start: {type(error).__name__}: {error}")
+            return
+        connection.process = process
+        connection.pidfd = os.pidfd_open(process.pid)
+        self.selector.register(connection.pidfd, selectors.EVENT_READ, ("process", connection))
+        self._send(connection.socket, Started())
+
+    def _exited(self, connection: Connection) -> None:
+        """The process ended (not yet reaped, so its group id is still its own): end what
+        it left in its group, then say how it ended."""
+        assert connection.process is not None and connection.pidfd is not None
+        self._kill(connection)
+        code = connection.process.wait()
+        self._send(connection.socket, ExitedAnswer(exited=code))
+        self._forget(connection)
+
+    def _kill(self, connection: Connection) -> None:
+        process = connection.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def _refuse(self, connection: Connection, reason: str) -> None:
+        self._send(connection.socket, Refused(refused=reason))
+        self._forget(connection)
+
+    def _send(self, client: socket.socket, answer: BaseModel) -> None:
+        # The executor may be gone (its end closed): nobody left to tell.
+        with contextlib.suppress(OSError):
+            client.send(answer.model_dump_json().encode())
+
+    def _forget(self, connection: Connection) -> None:
+        for registered in (connection.socket, connection.pidfd):
+            if registered is not None:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self.selector.unregister(registered)
+        if connection.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(connection.pidfd)
+            connection.pidfd = None
+        self.connections.pop(connection.socket.fileno(), None)
+        connection.socket.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="signoff tool-launcher", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--socket", type=Path, default=os.environ.get("SIGNOFF_TOOL_LAUNCHER"), required=False)
+    parser.add_argument("--client", required=True, help="the executor's user (name or uid): the only one served")
+    parser.add_argument(
+        "--tools-dir",
+        type=Path,
+        default=Path(os.environ.get("SIGNOFF_DATA_DIR", "data")) / "tools",
+        help="the tools' working folder (made theirs alone)",
+    )
+    arguments = parser.parse_args(argv)
+    if arguments.socket is None:
+        parser.error("--socket (or SIGNOFF_TOOL_LAUNCHER) is required")
+    launcher = Launcher(arguments.socket.absolute(), arguments.client, arguments.tools_dir.absolute())
+    stop = [False]
+
+    def stopping(*_: object) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    print(f"tool-launcher ready on {launcher.path}, for uid {launcher.client_uid} (pid {os.getpid()})", flush=True)
+    launcher.serve(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
