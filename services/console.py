@@ -19,6 +19,8 @@ from faststream.rabbit import RabbitBroker
 from sqlalchemy import select
 
 from services.approval_ledger.domain import speaks_for
+from services.gateway import users as gateway_users
+from services.gateway.settings import GatewaySettings
 from services.supervisor import Supervisor
 from shared import audit, keyring
 from shared.consuming import publish
@@ -194,6 +196,9 @@ def setup(settings: Settings, cli_principals: Sequence[str] = (), hand_out: Path
     if before and "*" in before:
         done.append(f"channel {settings.channel} may no longer assert anyone: '*' dropped from its principals")
     done += keyring.create(settings.keys_path, {settings.channel: principals})
+    # The HTTP gateway's channel, registered for exactly its users (`signoff user add`), and its session key.
+    done += gateway_users.register_channel(settings.keys_path, GatewaySettings(**settings.model_dump()).users_path)
+    done += gateway_users.make_session_key(settings.keys_path)
     done += asyncio.run(provision_broker(settings, sorted(keyring.channels(settings.keys_path))))
     done += asyncio.run(provision_redis(settings))
     done += asyncio.run(provision_database(settings))

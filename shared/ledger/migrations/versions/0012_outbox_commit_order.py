@@ -1,0 +1,34 @@
+"""the outbox's commit order: each row's writing transaction id (PostgreSQL), by which
+the gateway streams events in an order no later commit can slip into
+
+Revision ID: 0012
+Revises: 0010 (0011 once the branch that adds it is merged)
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0012"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    postgres = op.get_bind().dialect.name == "postgresql"
+    with op.batch_alter_table("outbox") as batch:
+        batch.add_column(
+            sa.Column(
+                "txid",
+                sa.BigInteger(),
+                nullable=True,
+                server_default=sa.text("(pg_current_xact_id()::text::bigint)") if postgres else None,
+            )
+        )
+    op.create_index("ix_outbox_txid", "outbox", ["txid", "id"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_outbox_txid", table_name="outbox")
+    with op.batch_alter_table("outbox") as batch:
+        batch.drop_column("txid")
