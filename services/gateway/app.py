@@ -258,25 +258,26 @@ class BodyLimit:
         too_large = Problem(413, "too-large", "Body too large", f"At most {limit} bytes.")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await problem_response(too_large)(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
+        # The body is read here, whole and bounded, before anything parses it; then handed on.
+        body, more = b"", True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise TooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > limit:
+                return await problem_response(too_large)(scope, receive, send)
+        handed = False
 
-        try:
-            await self.app(scope, counted, send)
-        except TooLarge:
-            await problem_response(too_large)(scope, receive, send)
+        async def replay():
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 # --- the app --------------------------------------------------------------------------------
