@@ -169,14 +169,23 @@ class SessionShown(BaseModel):
 
 
 class ProblemDocument(BaseModel):
+    """RFC 9457: `type` is machine-readable (`urn:signoff:problem:<kind>`; a ledger refusal's
+    kind is its reason code), `title` and `detail` are for people."""
+
     type: str
     title: str
     status: int
     detail: str | None = None
+    # A ledger refusal: its reason code and the response it refused.
+    reason_code: str | None = None
+    response_id: str | None = None
+    # Validation: where and what, never the input itself.
+    errors: list[dict[str, Any]] | None = None
 
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ProblemDocument, "content": {PROBLEM: {}}} for code in (400, 401, 403, 404, 409, 413, 422, 429)
+    code: {"description": "A problem document", "content": {PROBLEM: {"schema": ProblemDocument.model_json_schema()}}}
+    for code in (400, 401, 403, 404, 409, 413, 422, 429)
 }
 
 
@@ -656,3 +665,9 @@ def openapi_document() -> dict[str, Any]:
 
 def dumps(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(dumps(openapi_document()))
