@@ -239,7 +239,12 @@ class InboxRow(Base):
 
 class OutboxRow(Base):
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_unsent", "sent_at", "id"), Index("ix_outbox_txid", "txid", "id"))
+    __table_args__ = (
+        Index("ix_outbox_unsent", "sent_at", "id"),
+        Index("ix_outbox_txid", "txid", "id"),
+        # Ids never reused (migration 0012): the gateway's event ids are outbox ids.
+        {"sqlite_autoincrement": True},
+    )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     message_id: Mapped[str] = mapped_column(Id, unique=True)
     session_id: Mapped[str] = mapped_column(Id)

@@ -458,3 +458,27 @@ async def test_on_postgresql_an_event_committed_late_with_a_smaller_id_is_neithe
         await admin.dispose()
     assert [data["text"] for _, _, data in seen] == ["first-id-last-commit", "second-id-first-commit"]
     assert [event_id for event_id, _, _ in seen] == (await committed_event_ids(deployment))[:2]
+
+
+async def test_the_gateway_reads_the_ledger_through_a_connection_that_cannot_write_it(deployment):
+    """PostgreSQL: its own role, granted SELECT alone (and read-only transactions); SQLite:
+    the file opened read-only. It reads what the ledger committed and changes none of it."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from services.gateway.reads import read_only_engine
+    from services.gateway.settings import GatewaySettings
+
+    deployment.start("approval-ledger")
+    engine = read_only_engine(GatewaySettings(**deployment.settings.model_dump()))
+    try:
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT count(*) FROM approval_requests")) == 0
+        for statement in ("DELETE FROM outbox", "UPDATE sessions SET status = 'idle'",
+                          "INSERT INTO inbox (message_id, message_type, session_id, received_at) "
+                          "VALUES ('m', 't', 's', CURRENT_TIMESTAMP)"):
+            with pytest.raises(DBAPIError):
+                async with engine.begin() as conn:
+                    await conn.execute(text(statement))
+    finally:
+        await engine.dispose()

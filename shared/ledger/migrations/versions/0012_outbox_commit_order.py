@@ -1,5 +1,5 @@
 """the outbox's commit order: each row's writing transaction id (PostgreSQL), by which
-the gateway streams events in an order no later commit can slip into
+the gateway streams events in an order no later commit can slip into; on SQLite, ids never reused
 
 Revision ID: 0012
 Revises: 0010 (0011 once the branch that adds it is merged)
@@ -16,7 +16,14 @@ depends_on = None
 
 def upgrade() -> None:
     postgres = op.get_bind().dialect.name == "postgresql"
-    with op.batch_alter_table("outbox") as batch:
+    # SQLite: the table is rebuilt with AUTOINCREMENT, so an outbox id is never handed out
+    # twice, even after retention deleted the newest rows (a plain rowid would restart
+    # below an id a client already saw, and its Last-Event-ID would skip the new events).
+    with op.batch_alter_table(
+        "outbox",
+        recreate="auto" if postgres else "always",
+        table_kwargs={} if postgres else {"sqlite_autoincrement": True},
+    ) as batch:
         batch.add_column(
             sa.Column(
                 "txid",
