@@ -46,6 +46,19 @@ def main(argv: list[str] | None = None) -> int:
         help="also copy each service's own key files into FOLDER/<service>/ (one volume per container)",
     )
     commands.add_parser("migrate", help="bring the ledger's schema up to date")
+
+    user = commands.add_parser("user", help="the HTTP gateway's users (their logins)")
+    user_commands = user.add_subparsers(dest="user_command", required=True)
+    user_add = user_commands.add_parser("add", help="add a user, or set their password, groups and role")
+    user_add.add_argument("name")
+    user_add.add_argument("--group", action="append", default=[], help="a group they belong to; repeat for more")
+    user_add.add_argument("--operator", action="store_true", help="may see every session and request")
+    secret = user_add.add_mutually_exclusive_group()
+    secret.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    secret.add_argument("--generate", action="store_true", help="make a password and print it once")
+    user_remove = user_commands.add_parser("remove", help="remove a user (their sessions end)")
+    user_remove.add_argument("name")
+    user_commands.add_parser("list", help="the users, their groups and who is an operator")
     commands.add_parser("demo", help="run the services and drive one session through an approval")
 
     session = commands.add_parser("session", help="start or show a session")
@@ -145,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return console.setup(settings, args.cli_principal, args.hand_out)
         if args.command == "migrate":
             return asyncio.run(console.migrate_only(settings))
+        if args.command == "user":
+            return user_command(settings, args)
         if args.command == "demo":
             return console.demo(settings)
         if args.command == "session" and args.session_command == "start":
@@ -185,6 +200,38 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     parser.error("unknown command")
     return 2
+
+
+def user_command(settings: Settings, args: argparse.Namespace) -> int:
+    """`signoff user add|remove|list`: the gateway's users file, and its channel's principals to match."""
+    import getpass
+    import secrets as random
+
+    from services.gateway import users
+    from services.gateway.settings import GatewaySettings
+
+    path = GatewaySettings(**settings.model_dump()).users_path
+    if args.user_command == "list":
+        for line in users.listing(path):
+            print(line)
+        return 0
+    if args.user_command == "remove":
+        done = users.remove(settings.keys_path, path, args.name)
+    else:
+        if args.generate:
+            password = random.token_urlsafe(15)
+        elif args.password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        else:
+            password = getpass.getpass(f"password for {args.name}: ")
+            if getpass.getpass("again: ") != password:
+                raise SystemExit("signoff user add: the passwords differ")
+        done = users.add(settings.keys_path, path, args.name, password, args.group, args.operator)
+        if args.generate:
+            print(f"password for {args.name}: {password}  (shown once)")
+    for line in done:
+        print(f"signoff user: {line}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ SERVICES = {
     "publisher": "services.publisher.main",
     "model-step": "services.model_step.main",
     "tool-executor": "services.tool_executor.main",
+    "gateway": "services.gateway.main",
 }
 
 

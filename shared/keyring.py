@@ -20,10 +20,12 @@ in a log: only public keys are ever printed.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import pwd
 import secrets
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,16 @@ HELD_BY: dict[str, tuple[str, ...]] = {
     "publisher": ("rabbitmq/publisher.password", "postgres/publisher.password"),
     # Its database role reads the transcript a step names (claim-check), nothing else.
     "model-step": ("rabbitmq/model-step.password", "postgres/model-step.password"),
+    # The HTTP gateway (services/gateway): a channel of its own, its users and session key,
+    # a read-only database role and its Redis user (login rate limits).
+    "gateway": (
+        "channels/gateway.key",
+        "gateway/users.yaml",
+        "gateway/session.key",
+        "rabbitmq/channel.gateway.password",
+        "postgres/gateway.password",
+        "redis/gateway.password",
+    ),
     "tool-executor": (
         LEDGER_PUBLIC_KEY,
         "rabbitmq/tool-executor.password",
@@ -110,6 +122,46 @@ def channels(keys_dir: Path) -> dict[str, Channel]:
         name: Channel(name, load_public_key(entry["public_key"]), tuple(entry.get("principals") or ()))
         for name, entry in (data.get("channels") or {}).items()
     }
+
+
+class LiveChannels(Mapping[str, Channel]):
+    """The registered channels as `channels.yaml` says now: read again whenever the file
+    changes (its size, mtime or inode), so that a person added to or removed from a
+    channel (`signoff user add`, which lists the gateway's users as its principals)
+    counts from the next message on, without restarting the ledger. A file that cannot
+    be read or parsed keeps the last good registry (and says so once)."""
+
+    def __init__(self, keys_dir: Path) -> None:
+        self.path = keys_dir / CHANNELS
+        self._seen: tuple[int, int, int] | None = None
+        self._channels = channels(keys_dir)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    def _current(self) -> dict[str, Channel]:
+        stamp = self._stamp()
+        if stamp is not None and stamp != self._seen:
+            try:
+                self._channels = channels(self.path.parent)
+                self._seen = stamp
+            except Exception as error:  # a half-written file: the last good registry stands
+                logging.getLogger("signoff.keyring").warning("channels.yaml unreadable, kept the last: %r", error)
+        return self._channels
+
+    def __getitem__(self, name: str) -> Channel:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
 
 
 def registered_principals(keys_dir: Path, name: str) -> list[str] | None:
@@ -198,5 +250,8 @@ def create(keys_dir: Path, channel_principals: dict[str, list[str]]) -> list[str
         if registered.get(name) != entry:
             registered[name] = entry
             done.append(f"registered channel {name} (public key {public}, may assert {', '.join(principals)})")
-    registry_path.write_text(yaml.safe_dump(registry, sort_keys=True))
+    # Whole or not at all: the ledger reads it again when it changes (LiveChannels).
+    partial = registry_path.with_name(registry_path.name + ".partial")
+    partial.write_text(yaml.safe_dump(registry, sort_keys=True))
+    partial.replace(registry_path)
     return done

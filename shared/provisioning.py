@@ -300,9 +300,12 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
 # GET then DEL or PEXPIRE) and nothing else. No other service logs in to Redis at all.
 REDIS_COMMANDS = {
     "tool-executor": ("+set", "+get", "+del", "+pexpire", "+eval", "+ping"),
+    # The gateway's login attempts (counted per user and per address, so the limit holds
+    # across its replicas) and its ended sessions: counters with an expiry, and flags.
+    "gateway": ("+incr", "+incrby", "+decr", "+decrby", "+pexpire", "+pttl", "+set", "+exists", "+ping"),
 }
-# Each user's keys: `<namespace>:lease:*` (the executor's leases) and none other.
-REDIS_KEYS = {"tool-executor": "lease"}
+# Each user's keys: `<namespace>:lease:*` (the executor's leases), `<namespace>:gateway:*`.
+REDIS_KEYS = {"tool-executor": "lease", "gateway": "gateway"}
 
 
 def redis_acl_rules(settings: Settings, name: str, password: str) -> list[str]:
@@ -371,7 +374,7 @@ async def remove_redis_identities(settings: Settings) -> None:
 
 # Any constant: it keeps two setups from making roles at once.
 ROLES_LOCK = 0x51600F
-DATABASE_IDENTITIES = ("approval-ledger", "publisher", "model-step", "tool-executor", "console")
+DATABASE_IDENTITIES = ("approval-ledger", "publisher", "model-step", "tool-executor", "console", "gateway")
 # What each role may do beyond reading the schema's version; the ledger owns every table but the audit log's.
 GRANTS = {
     "publisher": (
@@ -388,6 +391,13 @@ GRANTS = {
     "tool-executor": (
         "SELECT ON tool_calls, approval_requests, decisions, alembic_version",
         "SELECT, INSERT, UPDATE ON execution_claims",
+    ),
+    # The HTTP gateway reads what the ledger committed and writes nothing (services/gateway):
+    # cards, sessions and their transcripts, the events it streams (the outbox), the
+    # verdicts on the responses it sent (the audit log, granted with the audit tables).
+    "gateway": (
+        "SELECT ON sessions, turns, steps, transcript, tool_calls, approval_requests, approvals, decisions, "
+        "closures, provider_attempts, outbox, alembic_version",
     ),
 }
 
@@ -446,7 +456,7 @@ async def _database_roles(settings: Settings) -> list[str]:
             owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
             for table in [t for t in owned if t not in AUDIT_TABLES]:
                 await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
-            for name in ("publisher", "model-step", "tool-executor", "console"):
+            for name in ("publisher", "model-step", "tool-executor", "console", "gateway"):
                 await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
     finally:
         await admin.dispose()
@@ -476,7 +486,7 @@ async def _seal_audit_tables(settings: Settings, schema: str, roles: dict[str, s
     from sqlalchemy import text
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    ledger, console = roles["approval-ledger"], roles["console"]
+    ledger, console, gateway = roles["approval-ledger"], roles["console"], roles["gateway"]
     admin = create_async_engine(settings.ledger_url)
     try:
         async with admin.begin() as conn:
@@ -486,6 +496,7 @@ async def _seal_audit_tables(settings: Settings, schema: str, roles: dict[str, s
                 await conn.execute(text(f'REVOKE ALL ON {qualified} FROM "{ledger}"'))
                 await conn.execute(text(f'GRANT SELECT, INSERT ON {qualified} TO "{ledger}"'))
                 await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{console}"'))
+                await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{gateway}"'))
             # The entries' ids come from the table's sequence, which moved with it.
             await conn.execute(text(f'GRANT USAGE ON SEQUENCE "{schema}"."audit_log_id_seq" TO "{ledger}"'))
     finally:

@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.database import create_engine, sessionmaker
 from services.console import Console
+from services.gateway import users as gateway_users
 from services.warm_start import SERVICES as SERVICE_MODULES
 from shared import keyring
 from shared.provisioning import (
@@ -51,7 +52,8 @@ REDIS_URL = os.environ.get("SIGNOFF_TEST_REDIS_URL", "redis://localhost:6379/0")
 # RabbitMQ's management API: `signoff setup` makes each deployment's broker users through it.
 RABBITMQ_ADMIN_URL = os.environ.get("SIGNOFF_TEST_RABBITMQ_ADMIN_URL", "http://guest:guest@localhost:15672/")
 POSTGRES_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@localhost:5432/test")
-SERVICES = tuple(SERVICE_MODULES)
+# The services a deployment starts by default; the HTTP gateway only when a test names it.
+SERVICES = tuple(s for s in SERVICE_MODULES if s != "gateway")
 
 
 def log_records(path: Path) -> list[dict[str, Any]]:
@@ -195,6 +197,10 @@ class Deployment:
     extra_env: dict[str, str] = field(default_factory=dict)
     # A metrics port per process name (`publisher`, `publisher#2`); others serve none.
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    # The HTTP port of each gateway process (`gateway`, `gateway#2`), chosen when it first starts.
+    gateway_ports: dict[str, int] = field(default_factory=dict)
+    # The port `signoff up` gives its gateway in this deployment.
+    gateway_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen | WarmChild] = field(default_factory=dict)
     # True: every start is a new interpreter (`python -m services.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
@@ -218,6 +224,8 @@ class Deployment:
             SIGNOFF_CLAIM_LEASE_SECONDS="1.5",
             # No metrics port unless a test asks for one: parallel deployments would share 9464.
             SIGNOFF_METRICS_PORT="0",
+            # A gateway's port of its own (`signoff up` starts one): parallel deployments would share 8080.
+            SIGNOFF_GATEWAY_PORT=str(self.gateway_port),
             PYTHONUNBUFFERED="1",
         )
         if self.store == "postgres":
@@ -250,6 +258,8 @@ class Deployment:
                 env["SIGNOFF_FAULTS"] = faults
             if name in self.metrics_ports:
                 env["SIGNOFF_METRICS_PORT"] = str(self.metrics_ports[name])
+            if service == "gateway":
+                env["SIGNOFF_GATEWAY_PORT"] = str(self.gateway_ports.setdefault(name, free_port()))
             with open(self.log_path(name), "ab") as log:
                 log.write(f"--- start {time.time():.3f} faults={faults!r}\n".encode())
                 log.flush()
@@ -272,6 +282,9 @@ class Deployment:
             return
         # The default keys folder, read without the settings: a test may give bad settings on purpose.
         keyring.create(self.data_dir / "keys", {"cli": CLI_PRINCIPALS})
+        # The gateway's channel, registered for its users (none until a test adds some), and its session key.
+        gateway_users.register_channel(self.data_dir / "keys", self.data_dir / "keys" / "gateway" / "users.yaml")
+        gateway_users.make_session_key(self.data_dir / "keys")
         channels = sorted(keyring.channels(self.data_dir / "keys"))
         with ThreadPoolExecutor(1) as thread:  # callers may be inside an event loop
             thread.submit(asyncio.run, provision_broker(self.settings, channels)).result()

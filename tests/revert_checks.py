@@ -614,6 +614,31 @@ MUTATIONS = [
    "                             else _launch(launcher))\n",
    "tests/unit/test_tool_launcher.py::"
    "test_a_configured_launcher_that_cannot_be_reached_is_an_error_and_the_tool_never_runs_here"),
+  # The HTTP gateway (services/gateway): whom it speaks for and what it shows.
+  ("gateway: the responder taken from the request instead of the login", "services/gateway/app.py",
+   "                responder=who.user.name,\n",
+   "                responder=request.headers.get(\"x-signoff-as\", who.user.name),\n",
+   "tests/integration/test_gateway.py::test_the_decision_names_who_logged_in_whatever_the_request_says"),
+  ("gateway: no CSRF check", "services/gateway/app.py",
+   "    if not gateway.sessions.csrf_ok(who.login, request.headers.get(CSRF_HEADER)):",
+   "    if False:",
+   "tests/integration/test_gateway.py::test_without_the_csrf_token_from_another_origin_or_with_an_ended_session_nothing_changes"),
+  ("gateway: every request shown to everyone", "services/gateway/reads.py",
+   '        """Operators see every request; others those they may approve and those of sessions they started."""\n',
+   '        """Operators see every request; others those they may approve and those of sessions they started."""\n        return True\n',
+   "tests/integration/test_gateway.py::test_a_person_sees_the_requests_they_may_approve_and_the_sessions_they_started_and_operators_all"),
+  ("gateway: its channel registered for anyone", "services/gateway/users.py",
+   "{CHANNEL: sorted(Users.load(users_path).users)}",
+   "{CHANNEL: [\"*\"]}",
+   "tests/integration/test_gateway.py::test_the_gateway_key_speaks_only_for_the_gateways_users"),
+  ("gateway: a fresh response id per call (the Idempotency-Key sends again)", "services/gateway/app.py",
+   "        message_id, response_id = response_ids(who.user.name, idempotency_key)\n",
+   "        message_id, response_id = mint(\"msg\"), mint(\"rsp\")\n",
+   "tests/integration/test_gateway.py::test_the_same_idempotency_key_twice_and_two_keys_racing_make_one_decision_and_one_run"),
+  ("gateway: the event stream serves rows of transactions still open below it (PostgreSQL)", "services/gateway/reads.py",
+   "                func.coalesce(OutboxRow.txid, 0) < horizon,\n",
+   "",
+   "tests/integration/test_gateway.py::test_on_postgresql_an_event_committed_late_with_a_smaller_id_is_neither_skipped_nor_served_early"),
 ]
 
 

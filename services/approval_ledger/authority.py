@@ -6,6 +6,7 @@ speak for people (their public keys)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -24,7 +25,8 @@ from shared.signatures import request_digest
 class Authority:
     signing_key: Ed25519PrivateKey
     digest_key: bytes
-    channels: dict[str, Channel]
+    # Read again when channels.yaml changes (a gateway user added or removed).
+    channels: Mapping[str, Channel]
     response_window: timedelta
     authorization_ttl: timedelta
 
@@ -34,7 +36,7 @@ class Authority:
         return cls(
             signing_key=keyring.ledger_private_key(keys),
             digest_key=keyring.digest_key(keys),
-            channels=keyring.channels(keys),
+            channels=keyring.LiveChannels(keys),
             response_window=timedelta(seconds=settings.response_window_seconds),
             authorization_ttl=timedelta(seconds=settings.authorization_ttl_seconds),
         )

@@ -248,7 +248,12 @@ class InboxRow(Base):
 
 class OutboxRow(Base):
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_unsent", "sent_at", "id"),)
+    __table_args__ = (
+        Index("ix_outbox_unsent", "sent_at", "id"),
+        Index("ix_outbox_txid", "txid", "id"),
+        # Ids never reused (migration 0012): the gateway's event ids are outbox ids.
+        {"sqlite_autoincrement": True},
+    )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     message_id: Mapped[str] = mapped_column(Id, unique=True)
     session_id: Mapped[str] = mapped_column(Id)
@@ -258,6 +263,10 @@ class OutboxRow(Base):
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
     sent_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # PostgreSQL: the writing transaction's id (a server default, migration 0012). The
+    # gateway's event stream serves rows in (txid, id) order once no transaction below
+    # them is still running, which ids alone do not give (a smaller id may commit later).
+    txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class ExecutionClaim(Base):

@@ -4,7 +4,8 @@
 import grimp
 import pytest
 
-SERVICES = ("services.approval_ledger", "services.publisher", "services.model_step", "services.tool_executor")
+SERVICES = ("services.approval_ledger", "services.publisher", "services.model_step", "services.tool_executor",
+            "services.gateway")
 
 
 @pytest.fixture(scope="module")

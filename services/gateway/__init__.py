@@ -1,0 +1,1 @@
+"""The HTTP gateway: logins, the API, the event stream (docs/design.md, "The gateway")."""

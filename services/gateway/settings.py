@@ -1,0 +1,44 @@
+"""The gateway's own settings, read from SIGNOFF_* variables like the shared ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.settings import Settings
+
+
+class GatewaySettings(Settings):
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    # The users file (`signoff user add`); empty: <keys dir>/gateway/users.yaml.
+    gateway_users_file: Path | None = None
+    # How long a login lasts.
+    gateway_session_seconds: float = 8 * 3600.0
+    # Failed logins allowed per user, and per client address, in one window, before
+    # further attempts are refused (429) until the window ends. Counted in Redis: the
+    # limit holds across replicas.
+    gateway_login_attempts_per_user: int = 5
+    gateway_login_attempts_per_address: int = 20
+    gateway_login_window_seconds: float = 300.0
+    # How long a decision waits for the ledger's verdict before answering 202 and a link to poll.
+    gateway_decision_wait_seconds: float = 5.0
+    # The largest request body accepted (413 beyond).
+    gateway_max_body_bytes: int = 64 * 1024
+    # The event stream: how often it looks for newly committed events, and how often it
+    # sends a comment line when there are none (so proxies keep it open).
+    gateway_poll_seconds: float = 0.2
+    gateway_heartbeat_seconds: float = 15.0
+    # Addresses of reverse proxies whose X-Forwarded-For is believed (comma-separated);
+    # empty: none, the peer's address is the client's (the login limit counts per address).
+    gateway_forwarded_allow_ips: str = ""
+    # The base URL people reach it by, checked against a state-changing request's Origin;
+    # empty: the request's own scheme and Host.
+    gateway_public_url: str = ""
+
+    @property
+    def users_path(self) -> Path:
+        return self.gateway_users_file or self.keys_path / "gateway" / "users.yaml"
+
+    @property
+    def session_key_path(self) -> Path:
+        return self.keys_path / "gateway" / "session.key"

@@ -1,0 +1,154 @@
+"""The gateway's people: a users file (YAML, mode 0600) of names, argon2id password
+hashes, groups and whether each is an operator, managed by `signoff user add|remove|list`.
+
+The gateway signs responses as whoever logged in, so its channel entry in
+`channels.yaml` lists exactly these names as the principals it may assert
+(`register_channel`, run by every change and by `signoff setup`): a stolen gateway
+key still cannot speak for anyone who is not one of its users, since the ledger
+refuses it as `wrong_principal`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from shared import keyring
+
+CHANNEL = "gateway"
+# A person's name as the ledger records it: no pattern characters (the channel entry's
+# principals are patterns), no `token:` (that names no person), nothing a log line bends.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+HASHER = PasswordHasher()  # argon2id, the library's defaults (RFC 9106's second choice)
+# Verified against when the name is unknown, so that an unknown name costs as long as a wrong password.
+_DUMMY = HASHER.hash(secrets.token_urlsafe(16))
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password_hash: str
+    groups: tuple[str, ...] = ()
+    operator: bool = False
+
+
+@dataclass
+class Users:
+    path: Path
+    users: dict[str, User] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Users:
+        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+        users = {
+            name: User(
+                name,
+                entry["password"],
+                tuple(entry.get("groups") or ()),
+                bool(entry.get("operator", False)),
+            )
+            for name, entry in (data.get("users") or {}).items()
+        }
+        return cls(path, users)
+
+    def save(self) -> None:
+        data = {
+            "users": {
+                u.name: {"password": u.password_hash, "groups": list(u.groups), "operator": u.operator}
+                for u in self.users.values()
+            }
+        }
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(yaml.safe_dump(data, sort_keys=True))
+        partial.replace(self.path)
+
+    def verify(self, name: str, password: str) -> User | None:
+        """The user, if the password is theirs; None otherwise (the same work either way)."""
+        user = self.users.get(name)
+        try:
+            HASHER.verify(user.password_hash if user else _DUMMY, password)
+        except (VerificationError, InvalidHashError):
+            return None
+        return user
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise SystemExit(f"signoff user: {name!r} is no valid name (letters, digits, . _ @ -; at most 64)")
+    return name
+
+
+def register_channel(keys_dir: Path, users_path: Path) -> list[str]:
+    """The gateway's channel registered (its key made if missing) for exactly its users."""
+    return keyring.create(keys_dir, {CHANNEL: sorted(Users.load(users_path).users)})
+
+
+def make_session_key(keys_dir: Path) -> list[str]:
+    """The key that signs the gateway's session cookies and CSRF tokens (shared by its replicas)."""
+    path = keys_dir / "gateway" / "session.key"
+    if path.exists():
+        return []
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return [f"made the gateway's session key ({path})"]
+
+
+def add(keys_dir: Path, users_path: Path, name: str, password: str, groups: list[str], operator: bool) -> list[str]:
+    check_name(name)
+    if len(password) < 8:
+        raise SystemExit("signoff user add: a password needs at least 8 characters")
+    users = Users.load(users_path)
+    made = name not in users.users
+    users.users[name] = User(name, HASHER.hash(password), tuple(dict.fromkeys(groups)), operator)
+    users.save()
+    done = [f"user {name} " + ("added" if made else "updated") + (" (operator)" if operator else "")]
+    return done + make_session_key(keys_dir) + register_channel(keys_dir, users_path)
+
+
+def remove(keys_dir: Path, users_path: Path, name: str) -> list[str]:
+    users = Users.load(users_path)
+    if users.users.pop(name, None) is None:
+        raise SystemExit(f"signoff user remove: no user {name!r}")
+    users.save()
+    return [f"user {name} removed (their sessions end)", *register_channel(keys_dir, users_path)]
+
+
+def listing(users_path: Path) -> list[str]:
+    return [
+        f"{u.name}" + (f"  groups: {', '.join(u.groups)}" if u.groups else "") + ("  operator" if u.operator else "")
+        for u in Users.load(users_path).users.values()
+    ]
+
+
+class LiveUsers:
+    """The users file as it is now (read again when it changes): a removed user's
+    session ends at their next request, on every replica."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._users = Users(path)
+
+    def current(self) -> Users:
+        try:
+            stat = self.path.stat()
+            stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if stamp != self._stamp:
+            self._users = Users.load(self.path) if stamp else Users(self.path)
+            self._stamp = stamp
+        return self._users
