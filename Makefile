@@ -31,10 +31,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check services shared signoff
 	$(BIN)/mypy
 
-# The channel adapters' contract (AsyncAPI), generated from the code; a unit test
-# fails while the committed one differs.
+# The channel adapters' contract (AsyncAPI) and the gateway's HTTP API (OpenAPI 3.1),
+# generated from the code; a unit test fails while a committed one differs.
 contract: $(STAMP)
 	$(BIN)/python -m shared.contract > docs/asyncapi.yaml
+	$(BIN)/python -m services.gateway.app > docs/openapi.json
 
 # The broker-restart and database-outage tests stop shared services, so they run alone, last.
 test: $(STAMP) lint mutation-smoke services

@@ -43,8 +43,8 @@ class GatewayClient:
             self.csrf = answer.json()["csrf_token"]
         return answer
 
-    async def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.http.get(path, headers=self.headers(csrf=False), **kwargs)
+    async def get(self, path: str, *, headers: dict | None = None, **kwargs: Any) -> httpx.Response:
+        return await self.http.get(path, headers={**self.headers(csrf=False), **(headers or {})}, **kwargs)
 
     async def post(self, path: str, json: Any = None, *, csrf: bool = True, headers: dict | None = None,
                    **kwargs: Any) -> httpx.Response:

@@ -169,14 +169,23 @@ class SessionShown(BaseModel):
 
 
 class ProblemDocument(BaseModel):
+    """RFC 9457: `type` is machine-readable (`urn:signoff:problem:<kind>`; a ledger refusal's
+    kind is its reason code), `title` and `detail` are for people."""
+
     type: str
     title: str
     status: int
     detail: str | None = None
+    # A ledger refusal: its reason code and the response it refused.
+    reason_code: str | None = None
+    response_id: str | None = None
+    # Validation: where and what, never the input itself.
+    errors: list[dict[str, Any]] | None = None
 
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ProblemDocument, "content": {PROBLEM: {}}} for code in (400, 401, 403, 404, 409, 413, 422, 429)
+    code: {"description": "A problem document", "content": {PROBLEM: {"schema": ProblemDocument.model_json_schema()}}}
+    for code in (400, 401, 403, 404, 409, 413, 422, 429)
 }
 
 
@@ -258,25 +267,26 @@ class BodyLimit:
         too_large = Problem(413, "too-large", "Body too large", f"At most {limit} bytes.")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await problem_response(too_large)(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
+        # The body is read here, whole and bounded, before anything parses it; then handed on.
+        body, more = b"", True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise TooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > limit:
+                return await problem_response(too_large)(scope, receive, send)
+        handed = False
 
-        try:
-            await self.app(scope, counted, send)
-        except TooLarge:
-            await problem_response(too_large)(scope, receive, send)
+        async def replay():
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 # --- the app --------------------------------------------------------------------------------
@@ -655,3 +665,9 @@ def openapi_document() -> dict[str, Any]:
 
 def dumps(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(dumps(openapi_document()))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, func, select, text, tuple_
+from sqlalchemy import event, func, literal_column, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from shared.catalogue import ToolCatalogue
@@ -238,7 +238,7 @@ class Ledger:
         every transaction there has ended, so no row can later appear before the
         cursor. SQLite has one writer at a time, whose ids are handed out and committed
         in one order: (0, id)."""
-        txid = func.coalesce(OutboxRow.txid, 0) if self.postgres else text("0")
+        txid = func.coalesce(OutboxRow.txid, 0) if self.postgres else literal_column("0")
         query = select(
             txid.label("txid"), OutboxRow.id, OutboxRow.session_id, OutboxRow.message_type, OutboxRow.body
         ).where(OutboxRow.message_type.in_(STREAMED))

@@ -6,6 +6,8 @@ committed and holds no state of its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 
 import pytest
@@ -14,7 +16,7 @@ from services.gateway import users
 from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision, InboxRow
 from shared.messages import mint
 from tests.gateway_client import PASSWORD, PEOPLE, GatewayClient
-from tests.harness import eventually, rows
+from tests.harness import eventually, next_event, rows
 
 
 def add_people(deployment) -> None:
@@ -203,3 +205,207 @@ async def test_the_same_idempotency_key_twice_and_two_keys_racing_make_one_decis
     assert len(await rows(gateway, Decision, request_id=raced["id"])) == 1
     await asyncio.sleep(0.5)
     assert sink.counts["/reviewed"] == 2
+
+
+async def chunks(*sizes: int):
+    for size in sizes:
+        yield b" " * size
+
+
+async def test_malformed_requests_each_get_a_problem_document_and_change_nothing(gateway, sink):
+    async with GatewayClient(url(gateway)) as alice, GatewayClient(url(gateway)) as sam, \
+            GatewayClient(url(gateway)) as nobody:
+        await alice.login("alice")
+        await sam.login("sam")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        others = await start(alice, "read")  # a session sam did not start
+        decision = f"/v1/requests/{card['id']}/decision"
+        key = {"Idempotency-Key": "malformed"}
+        raw = {**alice.headers(), **key, "Content-Type": "application/json"}
+        cases = [
+            (await alice.http.post(decision, content=b"{not json", headers=raw), 400, "malformed-json"),
+            (await alice.http.post(decision, content=b"", headers=raw), 422, "invalid"),
+            (await alice.http.post(decision, content=b"[1, 2]", headers=raw), 422, "invalid"),
+            (await alice.http.post(decision, content=b'"approve"', headers=raw), 422, "invalid"),
+            (await alice.http.post(decision, content=b"\xff\xfe", headers=raw), 400, "malformed-json"),
+            (await alice.http.post(decision, content=b"x" * 70_000, headers=raw), 413, "too-large"),
+            # Chunked, no length declared: counted as it arrives.
+            (await alice.http.post(decision, content=chunks(40_000, 40_000), headers=raw), 413, "too-large"),
+            (await alice.post(decision, {"decision": "maybe"}, headers=key), 422, "invalid"),
+            (await alice.post(decision, {"decision": 1}, headers=key), 422, "invalid"),
+            (await alice.post(decision, {"decision": "approve", "responder": "bob"}, headers=key),
+             422, "unknown-field"),
+            (await alice.post(decision, {"decision": "approve", "reason": ["x"]}, headers=key), 422, "invalid"),
+            (await alice.post(decision, {"decision": "deny", "reason": "a\x00b"}, headers=key), 422, "invalid"),
+            (await alice.post(decision, {"decision": "approve", "reason": "r" * 5000}, headers=key), 422, "invalid"),
+            (await alice.post(decision, {"decision": "approve"}), 422, "invalid"),  # no Idempotency-Key
+            (await alice.post(decision, {"decision": "approve"}, headers={"Idempotency-Key": "a b"}), 422, "invalid"),
+            (await alice.post("/v1/requests/apr_nosuchrequest/decision", {"decision": "approve"}, headers=key),
+             404, "not-found"),
+            (await alice.post("/v1/requests/bad%20id/decision", {"decision": "approve"}, headers=key),
+             422, "invalid"),
+            (await alice.get("/v1/requests/apr_nosuchrequest"), 404, "not-found"),
+            (await alice.get("/v1/requests", params={"status": "maybe"}), 422, "invalid"),
+            (await alice.get("/v1/requests", params={"limit": "lots"}), 422, "invalid"),
+            (await sam.get(f"/v1/requests/{card['id']}"), 404, "not-found"),  # someone else's request
+            (await sam.get(f"/v1/sessions/{card['session_id']}"), 404, "not-found"),
+            (await sam.post(f"/v1/sessions/{others}/cancel", {}), 404, "not-found"),
+            (await sam.post("/v1/sessions", {"text": "go", "session_id": card["session_id"]}), 404, "not-found"),
+            (await alice.post("/v1/sessions", {"text": ""}), 422, "invalid"),
+            (await alice.post("/v1/sessions", {"text": "go", "started_by": "bob"}), 422, "unknown-field"),
+            (await alice.post("/v1/sessions", {"text": "go", "session_id": "../x"}), 422, "invalid"),
+            (await nobody.get("/v1/requests"), 401, "unauthenticated"),
+            (await nobody.decide(card["id"]), 401, "unauthenticated"),
+            (await alice.http.put(decision, headers=raw), 405, "method-not-allowed"),
+            (await alice.get("/v1/events", headers={"Last-Event-ID": "not-an-id"}), 400, "bad-event-id"),
+            (await alice.http.post("/v1/login", content=b"{", headers={"Content-Type": "application/json"}),
+             400, "malformed-json"),
+        ]
+        assert len(cases) >= 20
+        for answer, status, kind in cases:
+            problem(answer, status, kind)
+        await nothing_decided(gateway, card, sink, "/reviewed")
+        assert await rows(gateway, AuditEntry, session_id=card["session_id"], kind="response.rejected") == []
+        # The session that sam could not cancel is still alice's and was not cancelled.
+        assert await rows(gateway, AuditEntry, session_id=others, kind="message.rejected") == []
+
+
+async def read_events(client: GatewayClient, seen: list, last_event_id: str | None = None,
+                      until=lambda seen: False) -> None:
+    """Read the event stream into `seen` as (id, type, data) until `until(seen)` or the stream breaks."""
+    headers = client.headers(csrf=False)
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    fields: dict[str, str] = {}
+    async with client.http.stream("GET", "/v1/events", headers=headers, timeout=None) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        async for line in answer.aiter_lines():
+            if line.startswith(":"):
+                continue  # a heartbeat
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+                continue
+            if "id" in fields:
+                seen.append((fields["id"], fields.get("event"), json.loads(fields.get("data", "null"))))
+                if until(seen):
+                    return
+            fields = {}
+
+
+async def committed_event_ids(deployment) -> list[str]:
+    """Every event in the ledger's record, in the order the stream serves them: (txid, id)."""
+    from shared.ledger.tables import OutboxRow
+    from services.gateway.reads import STREAMED
+
+    found = [r for r in await rows(deployment, OutboxRow) if r.message_type in STREAMED]
+    if deployment.store == "postgres":
+        return [f"{r.txid or 0}.{r.id}" for r in sorted(found, key=lambda r: (r.txid or 0, r.id))]
+    return [f"0.{r.id}" for r in sorted(found, key=lambda r: r.id)]
+
+
+async def test_the_event_stream_resumes_on_another_replica_after_a_sigkill_with_no_gap_and_no_repeat(gateway, sink):
+    gateway.start("gateway#2")
+    first, second = url(gateway), url(gateway, "gateway#2")
+    async with GatewayClient(first) as ann, GatewayClient(first) as alice, GatewayClient(second) as ann_again:
+        await ann.login("ann")  # an operator: every event
+        await alice.login("alice")
+        ann_again.cookie, ann_again.csrf = ann.cookie, ann.csrf  # the same login, the other replica
+        seen: list = []
+        reading = asyncio.create_task(read_events(ann, seen))
+        sessions = [await start(alice, "reviewed") for _ in range(4)]
+        cards = [await pending_card(alice, s) for s in sessions]
+        await alice.decide(cards[0]["id"])
+        await eventually(lambda: _async(sum(1 for _, kind, _ in seen if kind == "approval.requested") == 4))
+        # Mid-stream: the first decision's events are still being committed as the replica dies.
+        gateway.kill("gateway")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reading, 10)
+        assert reading.done()
+        before = len(seen)
+        async with GatewayClient(second) as bob:
+            await bob.login("bob")
+            for card in cards[1:]:
+                assert (await bob.decide(card["id"])).status_code == 200
+        completed = lambda seen: sum(1 for _, kind, _ in seen if kind == "turn.completed") == 4  # noqa: E731
+        await asyncio.wait_for(read_events(ann_again, seen, seen[-1][0], until=completed), 60)
+    ids = [event_id for event_id, _, _ in seen]
+    assert len(ids) == len(set(ids)), "an event was repeated"
+    assert before > 0 and len(ids) > before
+    record = await committed_event_ids(gateway)
+    assert ids == record[: len(ids)], "the stream skipped or reordered events the ledger committed"
+    assert all("response_token" not in data for _, _, data in seen)
+    assert sink.counts["/reviewed"] == 4
+
+
+async def test_login_attempts_are_limited_per_user_across_two_replicas(gateway):
+    gateway.start("gateway#2")
+    replicas = [url(gateway), url(gateway, "gateway#2")]
+    async with GatewayClient(replicas[0]) as one, GatewayClient(replicas[1]) as two:
+        answers = [await (one, two)[n % 2].login("alice", "wrong password") for n in range(5)]
+        assert [a.status_code for a in answers] == [401] * 5
+        for client in (one, two):
+            limited = problem(await client.login("alice"), 429, "too-many-logins")  # even the right password
+            assert int((await client.login("alice", "x")).headers["Retry-After"]) > 0
+            assert limited["status"] == 429
+        # Another person is not locked out by alice's attempts.
+        assert (await two.login("bob")).status_code == 200
+
+
+async def test_the_gateway_key_speaks_only_for_the_gateways_users(gateway, sink):
+    """A stolen gateway key and broker password still cannot approve as someone who is not
+    one of its users: its channel entry lists exactly them, and the ledger refuses the rest."""
+    from services.console import Console
+    from shared.messages import RespondToApproval
+
+    async with GatewayClient(url(gateway)) as sam:
+        await sam.login("sam")
+        card = await pending_card(sam, await start(sam, "reviewed"))
+    settings = gateway.settings.model_copy(update={"channel": "gateway"})
+    async with Console(settings) as thief:
+        assert thief.user.endswith(".channel.gateway")
+        events = await thief.watch(card["session_id"])
+        response = thief.sign(RespondToApproval(session_id=card["session_id"], request_id=card["id"],
+                                                decision="approve", args_digest=card["args_digest"],
+                                                responder="carol"))  # an approver, but no user of the gateway
+        await thief.send(response)
+        rejected = await next_event(events, "message.rejected", "approval.decided")
+    assert (rejected.type, rejected.reason_code) == ("message.rejected", "wrong_principal")
+    await nothing_decided(gateway, card, sink, "/reviewed")
+
+
+async def test_a_person_sees_the_requests_they_may_approve_and_the_sessions_they_started_and_operators_all(gateway):
+    async with GatewayClient(url(gateway)) as mallory, GatewayClient(url(gateway)) as alice, \
+            GatewayClient(url(gateway)) as sam, GatewayClient(url(gateway)) as ann:
+        for client, name in ((mallory, "mallory"), (alice, "alice"), (sam, "sam"), (ann, "ann")):
+            await client.login(name)
+        reviewed = await pending_card(mallory, await start(mallory, "reviewed"))  # alice, bob, carol approve
+        ids = lambda answer: [c["id"] for c in answer.json()["requests"]]  # noqa: E731
+        assert ids(await alice.get("/v1/requests", params={"status": "pending"})) == [reviewed["id"]]
+        assert (await alice.get(f"/v1/requests/{reviewed['id']}")).status_code == 200
+        assert ids(await sam.get("/v1/requests", params={"status": "pending"})) == []
+        assert (await sam.get(f"/v1/requests/{reviewed['id']}")).status_code == 404
+        assert ids(await ann.get("/v1/requests", params={"tool": "post_reviewed"})) == [reviewed["id"]]
+        # The session: its starter and operators only.
+        assert (await mallory.get(f"/v1/sessions/{reviewed['session_id']}")).status_code == 200
+        assert (await ann.get(f"/v1/sessions/{reviewed['session_id']}")).status_code == 200
+        assert (await alice.get(f"/v1/sessions/{reviewed['session_id']}")).status_code == 404
+        # Sam's stream carries none of the session's events; alice's its cards only.
+        sams: list = []
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(read_events(sam, sams), 1.5)
+        assert sams == []
+        alices: list = []
+        await asyncio.wait_for(read_events(alice, alices, until=lambda seen: len(seen) >= 1), 10)
+        assert [(kind, data["request_id"]) for _, kind, data in alices] == [("approval.requested", reviewed["id"])]
+
+
+async def test_the_decision_names_who_logged_in_whatever_the_request_says(gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        answer = await alice.post(f"/v1/requests/{card['id']}/decision", {"decision": "approve"},
+                                  headers={"Idempotency-Key": "as-bob", "X-Signoff-As": "bob"})
+        assert answer.json()["responder"] == "alice"
+    [decision] = await rows(gateway, Decision, request_id=card["id"])
+    assert decision.responder == "alice"

@@ -7,3 +7,22 @@ from shared.settings import PROJECT_ROOT
 def test_the_committed_asyncapi_document_is_what_the_code_generates():
     committed = (PROJECT_ROOT / "docs" / "asyncapi.yaml").read_text()
     assert document() == committed, "the contract changed: run `make contract` and commit docs/asyncapi.yaml"
+
+
+def test_the_committed_openapi_document_is_what_the_gateway_generates():
+    from services.gateway.app import dumps, openapi_document
+
+    document = openapi_document()
+    assert document["openapi"].startswith("3.1")
+    committed = (PROJECT_ROOT / "docs" / "openapi.json").read_text()
+    assert dumps(document) == committed, "the gateway's API changed: run `make contract` and commit docs/openapi.json"
+
+
+def test_every_error_the_api_documents_is_a_problem_document():
+    from services.gateway.app import openapi_document
+
+    for path, operations in openapi_document()["paths"].items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                if status.startswith(("4", "5")):
+                    assert "application/problem+json" in answer.get("content", {}), (path, method, status)
