@@ -76,7 +76,7 @@ class ProblemError(SignoffError):
     @property
     def reason_code(self) -> str | None:
         """The ledger's reason code when it refused a decision (`not_an_approver`, `already_decided`, …)."""
-        return (self.problem.model_extra or {}).get("reason_code")
+        return self.problem.reason_code
 
 
 class Refused(ProblemError):
@@ -170,7 +170,7 @@ def problem_of(answer: httpx.Response) -> ProblemError:
     error_type: type[ProblemError] = ProblemError
     if answer.status_code == 401:
         error_type = Unauthenticated
-    elif (document.model_extra or {}).get("reason_code"):
+    elif document.reason_code:
         error_type = Refused
     return error_type(answer.status_code, document)
 

@@ -112,7 +112,8 @@ class SessionShown(Answer):
 
 
 class ProblemDocument(Answer):
-    """An RFC 9457 problem; the gateway adds fields such as `reason_code` (kept in `extra`)."""
+    """An RFC 9457 problem: `type` is machine-readable (`urn:signoff:problem:<kind>`; a
+    ledger refusal's kind is its reason code), `title` and `detail` are for people."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -120,6 +121,11 @@ class ProblemDocument(Answer):
     title: str
     status: int
     detail: str | None = None
+    # A ledger refusal: its reason code and the response it refused.
+    reason_code: str | None = None
+    response_id: str | None = None
+    # A request that does not fit: where and what.
+    errors: list[dict[str, Any]] | None = None
 
 
 class Event(Answer):
@@ -140,7 +146,8 @@ class Event(Answer):
 
 
 # The response schemas of the gateway's OpenAPI document each model stands for
-# (tests/unit/test_sdk.py checks that they agree).
+# (tests/unit/test_sdk.py checks that they agree). The problem document is not a named
+# schema there: each error response holds it inline.
 SCHEMAS: dict[str, type[Answer]] = {
     "Me": Me,
     "Started": Started,
