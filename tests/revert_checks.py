@@ -516,6 +516,26 @@ MUTATIONS = [
    "            shown = settings.rabbitmq_admin_url",
    "tests/integration/test_command_line.py::"
    "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
+  ("the SDK's approval of a card does not name the card's digest", "signoff/client.py",
+   "        args_digest = request.args_digest\n",
+   "        pass\n",
+   "tests/unit/test_sdk.py::test_an_approval_of_a_card_names_the_digest_of_that_card_and_an_explicit_digest_wins"),
+  ("the SDK retries starting a session (two turns for one call)", "signoff/client.py",
+   "        return parse(self._send(Call(\"POST\", \"/v1/sessions\", json=body, changes=True)), Started)",
+   "        return parse(self._send(Call(\"POST\", \"/v1/sessions\", json=body, changes=True, retry=True)), Started)",
+   "tests/unit/test_sdk.py::test_starting_a_session_is_never_sent_twice"),
+  ("the SDK sends a retried decision with a new Idempotency-Key", "signoff/client.py",
+   "                if not call.retry or attempt >= self.attempts:\n                    raise\n                time.sleep(backoff())",
+   "                if not call.retry or attempt >= self.attempts:\n                    raise\n                call.headers[\"Idempotency-Key\"] = new_key()\n                time.sleep(backoff())",
+   "tests/unit/test_sdk.py::test_a_decision_whose_answer_was_lost_is_sent_again_with_the_same_idempotency_key"),
+  ("the SDK puts any text into a path as an id", "signoff/client.py",
+   "        if not ID.fullmatch(value):",
+   "        if False:",
+   "tests/unit/test_sdk.py::test_an_id_that_is_not_an_id_never_becomes_another_path"),
+  ("the example bot approves by rule an argument the card hides", "examples/approval_bot.py",
+   "        if name in card.hidden or isinstance(value, bool)",
+   "        if isinstance(value, bool)",
+   "tests/unit/test_sdk.py::test_the_example_bot_approves_only_its_tool_within_every_limit_and_never_what_the_card_hides"),
 ]
 
 

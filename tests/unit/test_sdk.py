@@ -222,3 +222,43 @@ def test_the_event_parser_ignores_heartbeats_and_joins_data_lines():
     lines = [": ping - 2026-12-01", "", "id: 3.4", "event: turn.failed", 'data: {"a":', "data: 1}", ""]
     events = [event for line in lines if (event := parser.feed(line)) is not None]
     assert [(e.id, e.type, e.data) for e in events] == [("3.4", "turn.failed", {"a": 1})]
+
+
+def test_an_approval_of_a_card_names_the_digest_of_that_card_and_an_explicit_digest_wins():
+    fake = FakeGateway(*(httpx.Response(200, json=VERDICT) for _ in range(3)))
+    with fake.client() as client:
+        client.approve(client_card())
+        client.approve(client_card(), args_digest="hmac-sha256:cd")
+        client.approve("req_1")
+    digests = [json.loads(request.content).get("args_digest") for request in fake.seen]
+    # By id alone: the gateway fills in the request's digest as the ledger holds it.
+    assert digests == ["hmac-sha256:ab", "hmac-sha256:cd", None]
+
+
+def bot_rule():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("approval_bot", PROJECT_ROOT / "examples" / "approval_bot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.allowed
+
+
+@pytest.mark.parametrize(("changes", "allowed"), [
+    ({}, True),
+    ({"arguments": {"amount": 100, "customer": "c"}}, True),
+    ({"arguments": {"amount": 100.01, "customer": "c"}}, False),
+    ({"tool": "refund_all"}, False),
+    ({"status": "approved"}, False),
+    # What it cannot see or compare is left for a person.
+    ({"arguments": {"amount": "[hidden]"}, "hidden": ["amount"]}, False),
+    ({"arguments": {"amount": 5}, "hidden": ["amount"]}, False),
+    ({"arguments": {"amount": True}}, False),
+    ({"arguments": {"amount": "5"}}, False),
+    ({"arguments": {"customer": "c"}}, False),
+])
+def test_the_example_bot_approves_only_its_tool_within_every_limit_and_never_what_the_card_hides(changes, allowed):
+    from signoff.models import Card
+
+    card = Card.model_validate({**CARD, **changes})
+    assert bot_rule()(card, "refund", {"amount": 100.0}) is allowed
