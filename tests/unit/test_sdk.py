@@ -110,6 +110,7 @@ class FakeGateway:
                   "expires_at": 0.0}
             return httpx.Response(200, json=me, headers={"set-cookie": f"signoff_session=c{self.logins}; Secure"})
         self.seen.append(request)
+        assert self.answers, f"a request the test did not expect: {request.method} {request.url}"
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
