@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -657,14 +659,74 @@ def _unproven(parked: ParkedMessage) -> str:
     )
 
 
+def demo_login(settings: Settings) -> tuple[str, str]:
+    """A login that works on the gateway: the user `demo` (an operator) with a password made
+    once and kept beside the gateway's keys (0600), so each `make run` prints the same one.
+    Made before the services start: under `signoff up` as root the ledger holds a copy of
+    the channel registry that lists the gateway's users."""
+    gateway = GatewaySettings(**settings.model_dump())
+    saved = settings.keys_path / "gateway" / "demo.password"
+    known = gateway_users.Users.load(gateway.users_path).users
+    if "demo" in known and saved.exists():
+        return "demo", saved.read_text().strip()
+    password = secrets.token_urlsafe(15)
+    gateway_users.add(settings.keys_path, gateway.users_path, "demo", password, [], True)
+    saved.unlink(missing_ok=True)
+    saved.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(password + "\n")
+    return "demo", password
+
+
+def gateway_lines(settings: Settings, name: str, password: str) -> list[str]:
+    gateway = GatewaySettings(**settings.model_dump())
+    host = "127.0.0.1" if gateway.gateway_host in ("0.0.0.0", "") else gateway.gateway_host
+    url = f"http://{host}:{gateway.gateway_port}"
+    jar = settings.data_dir.resolve() / "gateway.cookies"
+    login = json.dumps({"name": name, "password": password})
+    return [
+        f"The HTTP gateway: {url}  (login: {name} / {password}; API: {url}/v1/openapi.json)",
+        f"  curl -s -c {jar} -H 'Content-Type: application/json' -d '{login}' {url}/v1/login"
+        "   # answers the csrf_token",
+        f"  curl -s -b {jar} '{url}/v1/requests?status=pending'",
+        f"  curl -s -b {jar} -H 'X-CSRF-Token: <csrf_token>' -H 'Idempotency-Key: 1' -H 'Content-Type: "
+        f'application/json\' -d \'{{"decision": "approve"}}\' {url}/v1/requests/apr_…/decision',
+        f"  curl -sN -b {jar} {url}/v1/events   # the event stream",
+    ]
+
+
+def wait_for_gateway(settings: Settings, timeout: float = 120.0) -> bool:
+    """Until the gateway answers (it imports more than the others, so it may start last)."""
+    import httpx
+
+    gateway = GatewaySettings(**settings.model_dump())
+    host = "127.0.0.1" if gateway.gateway_host in ("0.0.0.0", "") else gateway.gateway_host
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{host}:{gateway.gateway_port}/healthz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    print(f"signoff: the gateway did not answer within {timeout:.0f}s; see {settings.data_dir / 'logs'}")
+    return False
+
+
 def demo(settings: Settings) -> int:
     supervisor = Supervisor(settings)
-    print(f"signoff: starting the four services (logs in {supervisor.log_dir})…", flush=True)
+    name, password = demo_login(settings)
+    print(f"signoff: starting the four services and the gateway (logs in {supervisor.log_dir})…", flush=True)
     supervisor.start()
     try:
         code = asyncio.run(_drive_demo(settings))
         if code != 0:
             return code
+        print()
+        wait_for_gateway(settings)
+        for line in gateway_lines(settings, name, password):
+            print(line)
         print("\nThe services keep running. In another terminal, with the same environment:")
         print("  .venv/bin/signoff session start 'Publish the notes for 1.3' --wait   # prints the session id")
         print("  .venv/bin/signoff pending                                           # shows the approval card")

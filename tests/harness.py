@@ -199,6 +199,8 @@ class Deployment:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     # The HTTP port of each gateway process (`gateway`, `gateway#2`), chosen when it first starts.
     gateway_ports: dict[str, int] = field(default_factory=dict)
+    # The port `signoff up` gives its gateway in this deployment.
+    gateway_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen | WarmChild] = field(default_factory=dict)
     # True: every start is a new interpreter (`python -m services.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
@@ -222,6 +224,8 @@ class Deployment:
             SIGNOFF_CLAIM_LEASE_SECONDS="1.5",
             # No metrics port unless a test asks for one: parallel deployments would share 9464.
             SIGNOFF_METRICS_PORT="0",
+            # A gateway's port of its own (`signoff up` starts one): parallel deployments would share 8080.
+            SIGNOFF_GATEWAY_PORT=str(self.gateway_port),
             PYTHONUNBUFFERED="1",
         )
         if self.store == "postgres":

@@ -3,7 +3,9 @@ them: a killed service is back at once and the response that waited for it is
 applied once (invariant 9); Ctrl-C stops every service."""
 
 import asyncio
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -123,7 +125,7 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(demo)
     try:
-        wait_until(lambda: "Ctrl-C stops the services." in output.text or demo.poll() is not None, 90,
+        wait_until(lambda: "Ctrl-C stops the services." in output.text or demo.poll() is not None, 180,
                    "the demo's end")
         assert demo.poll() is None, output.text
         text = output.text
@@ -131,6 +133,27 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         assert "tool ran once and closed as output" in text and "final answer: Done" in text
         published = tool_data_dir(up_sqlite_deployment.data_dir) / "published"
         assert list(published.glob("*.md")), "the approved post was written"
+        # The gateway's URL and a login that works: curl lists a pending card and approves it.
+        url, name, password = re.search(r"The HTTP gateway: (http://\S+)\s+\(login: (\S+) / (\S+);", text).groups()
+        jar = up_sqlite_deployment.data_dir / "test.cookies"
+
+        def curl(*arguments: str) -> dict:
+            done = subprocess.run(["curl", "-sS", "-b", str(jar), "-c", str(jar), *arguments], capture_output=True,
+                                  text=True, timeout=30, check=True)
+            return json.loads(done.stdout) if done.stdout.strip() else {}
+
+        csrf = curl("-H", "Content-Type: application/json", "-d", json.dumps({"name": name, "password": password}),
+                    f"{url}/v1/login")["csrf_token"]
+        changing = ("-H", f"X-CSRF-Token: {csrf}", "-H", "Content-Type: application/json")
+        session_id = curl(*changing, "-d", '{"text": "Publish the notes for 1.3"}', f"{url}/v1/sessions")["session_id"]
+        wait_until(lambda: curl(f"{url}/v1/requests?status=pending&session_id={session_id}")["requests"], 30,
+                   "the card on the gateway")
+        [card] = curl(f"{url}/v1/requests?status=pending&session_id={session_id}")["requests"]
+        assert card["tool"] == "publish_post"
+        verdict = curl(*changing, "-H", "Idempotency-Key: make-run", "-d", '{"decision": "approve"}',
+                       f"{url}/v1/requests/{card['id']}/decision")
+        assert (verdict["outcome"], verdict["responder"], verdict["decided"]) == ("accepted", name, True)
+        wait_until(lambda: curl(f"{url}/v1/sessions/{session_id}")["status"] == "idle", 30, "the session's answer")
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 0, output.text

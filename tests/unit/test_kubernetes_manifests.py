@@ -17,6 +17,7 @@ import yaml
 
 from services.model_step.settings import ModelStepSettings
 from services.publisher.settings import PublisherSettings
+from services.gateway.settings import GatewaySettings
 from services.warm_start import SERVICES
 from shared.keyring import HELD_BY
 from shared.settings import PROJECT_ROOT
@@ -29,7 +30,9 @@ METRICS_SETTINGS = {"metrics_host", "metrics_port"}
 # What each service holds in its keys folder (shared/keyring.py's table, Settings.*_password_file).
 KEYS = {service: set(files) for service, files in HELD_BY.items()}
 # Two ledgers and two publishers: a replica takes over at once (docs/design.md, "Deploying").
-MIN_REPLICAS = {"approval-ledger": 2, "publisher": 2, "model-step": 1, "tool-executor": 1}
+MIN_REPLICAS = {"approval-ledger": 2, "publisher": 2, "model-step": 1, "tool-executor": 1, "gateway": 2}
+# Ports beyond the metrics port: the gateway's API.
+EXTRA_PORTS = {"gateway": {"http": 8080}}
 CLUSTER_WIDE = {"Namespace"}
 
 
@@ -139,7 +142,7 @@ def test_probes_hit_the_health_endpoints_on_the_declared_metrics_port(objects):
         template = deployment["spec"]["template"]
         [container] = template["spec"]["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == {"metrics": port}, name
+        assert ports == {"metrics": port, **EXTRA_PORTS.get(name, {})}, name
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -166,7 +169,7 @@ def test_selectors_select_their_pods_and_every_replicated_service_has_one_disrup
     for name, budget in budgets.items():
         assert sum(selects(budget["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
                    for d in deployments.values()) == 1, f"budget {name} does not cover exactly one service"
-    [metrics] = of_kind(objects, "Service").values()
+    metrics = of_kind(objects, "Service")["signoff-metrics"]
     for name, deployment in deployments.items():
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert metrics["spec"]["selector"].items() <= labels.items(), f"the metrics Service misses {name}"
@@ -207,7 +210,8 @@ def test_each_service_gets_only_its_own_keys_from_its_own_secret_and_no_secret_i
 
 
 def test_every_setting_set_is_one_a_service_reads(objects):
-    known = set(ModelStepSettings.model_fields) | set(PublisherSettings.model_fields) | METRICS_SETTINGS
+    known = (set(ModelStepSettings.model_fields) | set(PublisherSettings.model_fields) | METRICS_SETTINGS
+             | set(GatewaySettings.model_fields))
     given = set(of_kind(objects, "ConfigMap")["signoff-settings"]["data"])
     for deployment in of_kind(objects, "Deployment").values():
         given |= {v["name"] for v in deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])}
