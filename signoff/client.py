@@ -327,7 +327,9 @@ class Client:
         return self._login.accept(answer)
 
     def logout(self) -> None:
-        self._send(Call("POST", "/v1/logout", changes=True)).raise_for_status()
+        answer = self._send(Call("POST", "/v1/logout", changes=True))
+        if answer.status_code >= 400:
+            raise problem_of(answer)
         self._login.forget()
 
     def me(self) -> Me:
@@ -529,7 +531,9 @@ class AsyncClient:
         return self._login.accept(answer)
 
     async def logout(self) -> None:
-        (await self._send(Call("POST", "/v1/logout", changes=True))).raise_for_status()
+        answer = await self._send(Call("POST", "/v1/logout", changes=True))
+        if answer.status_code >= 400:
+            raise problem_of(answer)
         self._login.forget()
 
     async def me(self) -> Me:

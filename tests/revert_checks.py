@@ -528,6 +528,11 @@ MUTATIONS = [
    "                if not call.retry or attempt >= self.attempts:\n                    raise\n                time.sleep(backoff())",
    "                if not call.retry or attempt >= self.attempts:\n                    raise\n                call.headers[\"Idempotency-Key\"] = new_key()\n                time.sleep(backoff())",
    "tests/unit/test_sdk.py::test_a_decision_whose_answer_was_lost_is_sent_again_with_the_same_idempotency_key"),
+  ("the SDK's async client sends a retried decision with a new Idempotency-Key", "signoff/client.py",
+   "                if not call.retry or attempt >= self.attempts:\n                    raise\n                await asyncio.sleep(backoff())",
+   "                if not call.retry or attempt >= self.attempts:\n                    raise\n                call.headers[\"Idempotency-Key\"] = new_key()\n                await asyncio.sleep(backoff())",
+   "tests/integration/test_sdk_examples.py::"
+   "test_an_approval_whose_answer_was_lost_is_retried_with_its_key_and_decided_and_run_once[postgres]"),
   ("the SDK puts any text into a path as an id", "signoff/client.py",
    "        if not ID.fullmatch(value):",
    "        if False:",

@@ -9,10 +9,11 @@ import contextlib
 import os
 import sys
 
+import httpx
 import pytest
 
 from services.gateway import users
-from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision
+from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision, InboxRow
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
 from signoff import AsyncClient, Refused
@@ -104,6 +105,41 @@ async def test_the_sdk_raises_the_ledgers_refusal_and_a_retried_approval_with_it
         ended = await sam.wait_for_turn(started.session_id, timeout=30)
         assert ended.type == "turn.completed"
     assert len(await rows(gateway, Decision, request_id=card.id)) == 1
+    await asyncio.sleep(0.5)
+    assert sink.counts["/reviewed"] == 1
+
+
+class LosesFirstDecisionAnswer(httpx.AsyncHTTPTransport):
+    """The real gateway gets every request; the client never hears the first decision's answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decisions: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        answer = await super().handle_async_request(request)
+        if request.url.path.endswith("/decision"):
+            self.decisions.append(request.headers["idempotency-key"])
+            if len(self.decisions) == 1:
+                await answer.aread()
+                await answer.aclose()
+                raise httpx.ReadError("the connection dropped before the answer arrived")
+        return answer
+
+
+async def test_an_approval_whose_answer_was_lost_is_retried_with_its_key_and_decided_and_run_once(gateway, sink):
+    base = url(gateway)
+    lossy = LosesFirstDecisionAnswer()
+    async with AsyncClient(base, "sam", PASSWORD) as sam, AsyncClient(base, "alice", PASSWORD, transport=lossy) as alice:
+        started = await sam.start_session("go", session_id=f"reviewed-{mint('ses')}")
+        [card] = await eventually(lambda: sam.pending(session_id=started.session_id), 20)
+        verdict = await alice.approve(card)
+        assert verdict.decided and verdict.responder == "alice"
+        assert await sam.wait_for_turn(started.session_id, timeout=30)
+    assert len(lossy.decisions) == 2 and len(set(lossy.decisions)) == 1
+    [decision] = await rows(gateway, Decision, request_id=card.id)
+    assert decision.response_id == verdict.response_id
+    assert len(await rows(gateway, InboxRow, session_id=card.session_id, message_type="approval.respond")) == 1
     await asyncio.sleep(0.5)
     assert sink.counts["/reviewed"] == 1
 
