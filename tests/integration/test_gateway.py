@@ -15,6 +15,7 @@ import pytest
 from services.gateway import users
 from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision, InboxRow
 from shared.messages import mint
+from shared.settings import Settings
 from tests.gateway_client import PASSWORD, PEOPLE, GatewayClient
 from tests.harness import eventually, next_event, rows
 
@@ -409,3 +410,51 @@ async def test_the_decision_names_who_logged_in_whatever_the_request_says(gatewa
         assert answer.json()["responder"] == "alice"
     [decision] = await rows(gateway, Decision, request_id=card["id"])
     assert decision.responder == "alice"
+
+
+async def test_on_postgresql_an_event_committed_late_with_a_smaller_id_is_neither_skipped_nor_served_early(
+        pg_deployment):
+    """Outbox ids are taken when a row is written, not when it commits: a row with a smaller
+    id can commit after a larger one. The stream serves neither before every transaction
+    below it has ended, so the late one is not skipped (a stream that served `id > last`
+    would have moved past it for good)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import insert
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from shared.ledger.tables import OutboxRow
+    from tests.harness import POSTGRES_URL
+
+    deployment = pg_deployment
+    add_people(deployment)
+    deployment.start("approval-ledger")
+    deployment.start("gateway")
+    admin = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url,
+                                connect_args={"server_settings": {"search_path": deployment.namespace}})
+
+    def row(name: str) -> dict:
+        body = {"type": "turn.completed", "message_id": f"msg_{name}", "session_id": "ses_late", "turn_id": "trn_x",
+                "text": name, "schema_version": 1, "occurred_at": datetime.now(UTC).isoformat()}
+        return {"message_id": f"msg_{name}", "session_id": "ses_late", "message_type": "turn.completed",
+                "exchange": "x", "routing_key": "x", "body": json.dumps(body), "created_at": datetime.now(UTC),
+                "sent_at": datetime.now(UTC)}  # sent: the publisher leaves them alone
+
+    try:
+        async with GatewayClient(url(deployment)) as ann:
+            await ann.login("ann")
+            seen: list = []
+            reading = asyncio.create_task(read_events(ann, seen, until=lambda seen: len(seen) >= 2))
+            async with admin.connect() as early, admin.connect() as late:
+                await early.begin()
+                await early.execute(insert(OutboxRow), [row("first-id-last-commit")])
+                async with late.begin():
+                    await late.execute(insert(OutboxRow), [row("second-id-first-commit")])
+                await asyncio.sleep(2.0)
+                assert seen == [], "an event was served while a transaction below it was still open"
+                await early.commit()
+            await asyncio.wait_for(reading, 20)
+    finally:
+        await admin.dispose()
+    assert [data["text"] for _, _, data in seen] == ["first-id-last-commit", "second-id-first-commit"]
+    assert [event_id for event_id, _, _ in seen] == (await committed_event_ids(deployment))[:2]
