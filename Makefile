@@ -27,8 +27,8 @@ run: $(STAMP) services
 # Style, types and formatting of the services and shared code; the import
 # contracts are a unit test (tests/unit/test_import_contracts.py).
 lint: $(STAMP)
-	$(BIN)/ruff check services shared signoff
-	$(BIN)/ruff format --check services shared signoff
+	$(BIN)/ruff check services shared signoff examples
+	$(BIN)/ruff format --check services shared signoff examples
 	$(BIN)/mypy
 
 # The channel adapters' contract (AsyncAPI) and the gateway's HTTP API (OpenAPI 3.1),

@@ -1,5 +1,5 @@
-"""The README's twenty-line channel adapter (deploy/channel_adapter.py), written from
-the contract alone, approves a card as its own broker user and channel key."""
+"""The README's channel adapter (deploy/channel_adapter.py), a few lines on the SDK's
+`signoff.ChannelAdapter`, approves a card as its own broker user and channel key."""
 
 import asyncio
 import subprocess
@@ -21,7 +21,8 @@ async def test_the_example_channel_adapter_approves_a_card_and_the_call_runs_onc
         [sys.executable, "deploy/channel_adapter.py", url, deployment.namespace, str(keys / "channels" / "inbox.key"),
          "inbox"], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        await asyncio.sleep(1.5)  # its queue is bound before the card is shown
+        # Its queue is bound before the card is shown.
+        assert await asyncio.to_thread(adapter.stdout.readline) == "listening\n"
         session_id = mint("ses")
         async with deployment.console() as console:
             events = await console.watch(session_id)

@@ -1,5 +1,6 @@
 """The code's shape, as a test: services may import `shared`, never each other,
-`shared` imports no service, and no module imports itself through others."""
+`shared` imports no service, the SDK (`signoff`) imports no service, and no module
+imports itself through others."""
 
 import grimp
 import pytest
@@ -10,7 +11,7 @@ SERVICES = ("services.approval_ledger", "services.publisher", "services.model_st
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph("services", "shared", cache_dir=None)
+    return grimp.build_graph("services", "shared", "signoff", cache_dir=None)
 
 
 def chains(graph, importer: str, imported: str) -> list[str]:
@@ -28,6 +29,12 @@ def test_a_service_never_imports_another_service(graph, importer):
                                      "services.warm_start"))
 def test_shared_never_imports_a_service(graph, service):
     assert chains(graph, "shared", service) == []
+
+
+def test_the_sdk_never_imports_a_service(graph):
+    # What a user installs to talk to Signoff runs beside their code, not the services':
+    # it may use the contract (shared/messages.py, shared/signatures.py), never a service.
+    assert chains(graph, "signoff", "services") == []
 
 
 def test_no_module_imports_itself_through_others(graph):
