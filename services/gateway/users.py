@@ -96,7 +96,9 @@ def register_channel(keys_dir: Path, users_path: Path) -> list[str]:
     (people with a password or an OpenID Connect login) and its programs' tokens (`bot:NAME`)."""
     from .programs import principals as program_principals
 
-    return keyring.create(keys_dir, {CHANNEL: sorted(Users.load(users_path).users) + program_principals(users_path)})
+    principals = {CHANNEL: sorted(Users.load(users_path).users)}
+    principals[CHANNEL] += program_principals(users_path)
+    return keyring.create(keys_dir, principals)
 
 
 def make_session_key(keys_dir: Path) -> list[str]:
