@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -602,7 +603,7 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         order, each with an id; `Last-Event-ID` resumes right after it, on any replica."""
         return await stream(gateway_of(request), who.user, last_event_id)
 
-    install_oidc_routes(app)
+    install_oidc_routes(app, sys.modules[__name__])
     return app
 
 
@@ -700,6 +701,4 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.stdout.write(dumps(openapi_document()))

@@ -211,10 +211,12 @@ def read_flow(signing_key: bytes, cookie: str | None) -> dict[str, Any]:
     return data
 
 
-def install_routes(app: Any) -> None:
-    """`GET /v1/login/oidc` and its callback (404 when OpenID Connect is not configured)."""
-    from .app import PROBLEMS, Caller, Me, gateway_of, me_of
+def install_routes(app: Any, api: Any) -> None:
+    """`GET /v1/login/oidc` and its callback (404 when OpenID Connect is not configured).
+    `api`: the app module (passed, not imported: it may run as __main__ for the OpenAPI document)."""
     from .auth import COOKIE
+
+    PROBLEMS, Caller, Me, gateway_of, me_of = api.PROBLEMS, api.Caller, api.Me, api.gateway_of, api.me_of
     from .problems import Problem
 
     def login_answer(gateway, user, groups: tuple[str, ...]) -> JSONResponse:

@@ -18,17 +18,16 @@ tool whose approvers are "anyone", and `not_an_approver` any tool that does not 
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from .tokenstore import PREFIX, Program, Tokens, lookup_hash, principal_of, principals, tokens_path
+from .users import register_channel
 
-PREFIX = "bot:"
+__all__ = ["PREFIX", "Program", "Tokens", "lookup_hash", "principal_of", "principals", "tokens_path"]
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # The token as handed out: recognisable in a leaked-secret scan, 256 random bits.
 TOKEN_PREFIX = "signoff_"
@@ -54,68 +53,6 @@ SCOPE_OF: dict[tuple[str, str], str | None] = {
 }
 
 
-def principal_of(name: str) -> str:
-    return PREFIX + name
-
-
-def lookup_hash(token: str) -> str:
-    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Program:
-    name: str
-    token_hash: str
-    scopes: frozenset[str]
-    created_at: float = 0.0
-
-    @property
-    def principal(self) -> str:
-        return principal_of(self.name)
-
-
-@dataclass
-class Tokens:
-    path: Path
-    programs: dict[str, Program] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: Path) -> Tokens:
-        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
-        programs = {
-            name: Program(name, entry["hash"], frozenset(entry.get("scopes") or ()), float(entry.get("created_at", 0)))
-            for name, entry in (data.get("tokens") or {}).items()
-        }
-        return cls(path, programs)
-
-    def save(self) -> None:
-        data = {
-            "tokens": {
-                p.name: {"hash": p.token_hash, "scopes": sorted(p.scopes), "created_at": p.created_at}
-                for p in self.programs.values()
-            }
-        }
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.unlink(missing_ok=True)
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(yaml.safe_dump(data, sort_keys=True))
-        partial.replace(self.path)
-
-    def by_hash(self) -> dict[str, Program]:
-        return {p.token_hash: p for p in self.programs.values()}
-
-
-def tokens_path(users_path: Path) -> Path:
-    """Beside the users file: wherever that is shared (a volume, a Secret), so is this."""
-    return users_path.with_name("tokens.yaml")
-
-
-def principals(users_path: Path) -> list[str]:
-    return sorted(p.principal for p in Tokens.load(tokens_path(users_path)).programs.values())
-
-
 def parse_scopes(text: str) -> frozenset[str]:
     scopes = frozenset(s.strip() for s in text.split(",") if s.strip())
     unknown = sorted(scopes - SCOPES.keys())
@@ -129,8 +66,6 @@ def parse_scopes(text: str) -> frozenset[str]:
 def create(keys_dir: Path, users_path: Path, name: str, scopes: frozenset[str]) -> tuple[str, list[str]]:
     """A new token for `name` (replacing its old one, which stops working): the token, shown
     once, and what was done."""
-    from .users import register_channel
-
     if not NAME.fullmatch(name):
         raise SystemExit(f"signoff token: {name!r} is no valid name (letters, digits, . _ -; at most 64)")
     path = tokens_path(users_path)
@@ -148,8 +83,6 @@ def create(keys_dir: Path, users_path: Path, name: str, scopes: frozenset[str]) 
 
 
 def revoke(keys_dir: Path, users_path: Path, name: str) -> list[str]:
-    from .users import register_channel
-
     path = tokens_path(users_path)
     tokens = Tokens.load(path)
     if tokens.programs.pop(name, None) is None:

@@ -22,6 +22,8 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from shared import keyring
 
+from .tokenstore import principals as program_principals
+
 CHANNEL = "gateway"
 # A person's name as the ledger records it: no pattern characters (the channel entry's
 # principals are patterns), no `token:` (that names no person), nothing a log line bends.
@@ -94,8 +96,6 @@ def check_name(name: str) -> str:
 def register_channel(keys_dir: Path, users_path: Path) -> list[str]:
     """The gateway's channel registered (its key made if missing) for exactly its users
     (people with a password or an OpenID Connect login) and its programs' tokens (`bot:NAME`)."""
-    from .programs import principals as program_principals
-
     principals = {CHANNEL: sorted(Users.load(users_path).users)}
     principals[CHANNEL] += program_principals(users_path)
     return keyring.create(keys_dir, principals)
