@@ -84,3 +84,26 @@ def test_the_blocking_client_denies_with_a_reason(gateway, sink):
 
 async def _async(value):
     return value
+
+
+def test_the_examples_an_app_that_waits_for_its_answer_and_a_bot_that_approves_from_a_rule(gateway, sink):
+    import subprocess
+    import sys
+
+    from shared.settings import PROJECT_ROOT
+
+    address = url(gateway)
+    bot = subprocess.Popen([sys.executable, "examples/approval_bot.py", address, "bob", PASSWORD, "post_reviewed", "1"],
+                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        app = subprocess.run([sys.executable, "examples/start_and_wait.py", address, "alice", PASSWORD, "go",
+                              f"reviewed-{mint('ses')}"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                             timeout=90)
+        assert app.returncode == 0, app.stdout + app.stderr
+        assert "waiting on apr_" in app.stdout and "answer: Done." in app.stdout
+        assert bot.wait(30) == 0
+        assert ": approve" in bot.stdout.read()
+    finally:
+        if bot.poll() is None:
+            bot.kill()
+    assert sink.counts["/reviewed"] == 1
