@@ -56,9 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     secret = user_add.add_mutually_exclusive_group()
     secret.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     secret.add_argument("--generate", action="store_true", help="make a password and print it once")
+    secret.add_argument(
+        "--oidc", action="store_true", help="no password: they log in only through OpenID Connect, as this name"
+    )
     user_remove = user_commands.add_parser("remove", help="remove a user (their sessions end)")
     user_remove.add_argument("name")
     user_commands.add_parser("list", help="the users, their groups and who is an operator")
+    token = commands.add_parser("token", help="the HTTP gateway's API tokens for programs")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    token_create = token_commands.add_parser("create", help="make a token (printed once; again: replaces it)")
+    token_create.add_argument("--name", required=True, help="the program's name; it speaks as bot:NAME")
+    token_create.add_argument(
+        "--scope", required=True, help="comma-separated: sessions:start, requests:read, requests:decide"
+    )
+    token_revoke = token_commands.add_parser("revoke", help="revoke a token (at once, on every gateway)")
+    token_revoke.add_argument("name")
+    token_commands.add_parser("list", help="the tokens' names and scopes (never the tokens)")
     commands.add_parser("demo", help="run the services and drive one session through an approval")
 
     session = commands.add_parser("session", help="start or show a session")
@@ -160,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(console.migrate_only(settings))
         if args.command == "user":
             return user_command(settings, args)
+        if args.command == "token":
+            return token_command(settings, args)
         if args.command == "demo":
             return console.demo(settings)
         if args.command == "session" and args.session_command == "start":
@@ -202,6 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def token_command(settings: Settings, args: argparse.Namespace) -> int:
+    """`signoff token create|revoke|list`: programs' API tokens, beside the users file."""
+    from services.gateway import programs
+    from services.gateway.settings import GatewaySettings
+
+    path = GatewaySettings(**settings.model_dump()).users_path
+    if args.token_command == "list":
+        for line in programs.listing(path):
+            print(line)
+        return 0
+    if args.token_command == "revoke":
+        done = programs.revoke(settings.keys_path, path, args.name)
+    else:
+        token, done = programs.create(settings.keys_path, path, args.name, programs.parse_scopes(args.scope))
+        print(f"token for {args.name}: {token}  (shown once; send it as Authorization: Bearer …)")
+    for line in done:
+        print(f"signoff token: {line}")
+    return 0
+
+
 def user_command(settings: Settings, args: argparse.Namespace) -> int:
     """`signoff user add|remove|list`: the gateway's users file, and its channel's principals to match."""
     import getpass
@@ -218,7 +253,10 @@ def user_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.user_command == "remove":
         done = users.remove(settings.keys_path, path, args.name)
     else:
-        if args.generate:
+        password: str | None
+        if args.oidc:
+            password = None
+        elif args.generate:
             password = random.token_urlsafe(15)
         elif args.password_stdin:
             password = sys.stdin.readline().rstrip("\n")

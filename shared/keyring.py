@@ -64,6 +64,7 @@ HELD_BY: dict[str, tuple[str, ...]] = {
     "gateway": (
         "channels/gateway.key",
         "gateway/users.yaml",
+        "gateway/tokens.yaml",
         "gateway/session.key",
         "rabbitmq/channel.gateway.password",
         "postgres/gateway.password",

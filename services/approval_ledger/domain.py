@@ -296,6 +296,8 @@ def authenticate_response(
 
 
 TOKEN_RESPONDER_PREFIX = "token:"
+# A program's principal (the gateway's API tokens): never a person (people's names hold no `:`).
+PROGRAM_PREFIX = "bot:"
 
 
 def token_responder(channel: str) -> str:
@@ -451,6 +453,10 @@ def judge_approver(policy: ApprovalPolicy, request: RequestOnRecord, response: R
     anonymous = response.response_token is not None
     if policy.approvers is not None and responder not in policy.approvers:
         return Refusal("not_an_approver", f"{responder!r} is not among the approvers of {request.tool!r}.")
+    if policy.approvers is None and responder.startswith(PROGRAM_PREFIX):
+        # A program (an API token, `bot:NAME`) approves only where the tool's approvers name
+        # it: a tool open to "anyone a channel vouches for" means any person, never a program.
+        return Refusal("not_an_approver", f"{responder!r} is a program; {request.tool!r} names no programs.")
     if anonymous and (not policy.starter_may_approve or policy.approvals_required > 1):
         return Refusal(
             "anonymous_approval",

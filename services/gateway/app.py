@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -31,7 +32,9 @@ from shared.messages import CancelTurn, Envelope, RespondToApproval, StartTurn, 
 
 from .auth import COOKIE, CSRF_HEADER, Login, RedisState, Sessions, address_key, user_key
 from .events import stream
+from .oidc import install_routes as install_oidc_routes
 from .problems import PROBLEM, Problem, problem_response
+from .programs import LiveTokens, bearer, scope_needed
 from .reads import Ledger
 from .settings import GatewaySettings
 from .users import LiveUsers, User
@@ -202,6 +205,9 @@ class Gateway:
     send: Callable[[Envelope], Awaitable[None]]
     sign: Callable[[RespondToApproval], RespondToApproval]
     ready: Callable[[], Awaitable[dict[str, bool]]]
+    # API tokens for programs (programs.py); OpenID Connect logins (oidc.py), when configured.
+    tokens: LiveTokens | None = None
+    oidc: Any = None
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -212,18 +218,25 @@ def gateway_of(request: Request) -> Gateway:
 class Caller:
     login: Login
     user: User
+    # A program's token: its scopes (programs.py). None: a person logged in with a session.
+    scopes: frozenset[str] | None = None
 
 
 async def caller(request: Request) -> Caller:
     """The person this request is from: a valid, unexpired, not-ended session of a user
     who still exists. Never a name the request gives."""
     gateway = gateway_of(request)
+    token = bearer(request.headers.get("authorization"))
+    if token is not None:
+        return program_caller(request, gateway, token)
     login = gateway.sessions.read(request.cookies.get(COOKIE))
     if login is None:
         raise Problem(401, "unauthenticated", "Log in first", "No valid session: POST /v1/login.")
     user = gateway.users.current().users.get(login.principal)
     if user is None or await gateway.state.ended(login):
         raise Problem(401, "unauthenticated", "Log in first", "This session has ended.")
+    if login.groups:  # an OpenID Connect login's groups claim
+        user = User(user.name, user.password_hash, tuple(dict.fromkeys(user.groups + login.groups)), user.operator)
     return Caller(login, user)
 
 
@@ -231,10 +244,28 @@ async def changing(request: Request, who: Annotated[Caller, Depends(caller)]) ->
     """A request that changes state: it also carries the session's CSRF token, and comes
     from the gateway's own origin when a browser names one."""
     gateway = gateway_of(request)
+    if who.scopes is not None:
+        return who  # a bearer token: no cookie, so nothing a forged cross-site request could ride on
     check_origin(request, gateway.settings)
     if not gateway.sessions.csrf_ok(who.login, request.headers.get(CSRF_HEADER)):
         raise Problem(403, "csrf", "CSRF token missing or wrong", f"Send the session's token in {CSRF_HEADER}.")
     return who
+
+
+def program_caller(request: Request, gateway: Gateway, token: str) -> Caller:
+    """A program with an API token: known (by the token's hash) and not revoked, and the
+    route within its scopes (403 otherwise). The token itself is never logged."""
+    program = gateway.tokens.find(token) if gateway.tokens is not None else None
+    if program is None:
+        raise Problem(401, "unauthenticated", "Unknown or revoked token", "Send a valid API token.")
+    route = request.scope.get("route")
+    open_to_tokens, needed = scope_needed(request.method, getattr(route, "path", ""))
+    if not open_to_tokens or (needed is not None and needed not in program.scopes):
+        raise Problem(
+            403, "insufficient-scope", "The token's scopes do not allow this", f"Needs scope {needed or '(none)'}."
+        )
+    user = User(program.principal, "", (), False)
+    return Caller(Login(program.principal, "token:" + program.name, float("inf")), user, program.scopes)
 
 
 def check_origin(request: Request, settings: GatewaySettings) -> None:
@@ -572,6 +603,7 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         order, each with an id; `Last-Event-ID` resumes right after it, on any replica."""
         return await stream(gateway_of(request), who.user, last_event_id)
 
+    install_oidc_routes(app, sys.modules[__name__])
     return app
 
 
@@ -589,8 +621,9 @@ def me_of(gateway: Gateway, who: Caller) -> Me:
         principal=who.user.name,
         operator=who.user.operator,
         groups=list(who.user.groups),
-        csrf_token=gateway.sessions.csrf_token(who.login),
-        expires_at=who.login.expires_at,
+        # A program's token needs no CSRF token and does not expire (it is revoked).
+        csrf_token=gateway.sessions.csrf_token(who.login) if who.scopes is None else "",
+        expires_at=who.login.expires_at if who.scopes is None else 0.0,
     )
 
 
@@ -668,6 +701,4 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.stdout.write(dumps(openapi_document()))

@@ -32,6 +32,8 @@ class Login:
     principal: str
     session_id: str
     expires_at: float
+    # Groups an OpenID Connect login's groups claim named (shown, not used for approval rights).
+    groups: tuple[str, ...] = ()
 
 
 def _b64(data: bytes) -> str:
@@ -50,9 +52,12 @@ class Sessions:
     def _mac(self, purpose: bytes, payload: bytes) -> str:
         return _b64(hmac.new(self.key, purpose + b"\0" + payload, hashlib.sha256).digest())
 
-    def issue(self, principal: str, now: float | None = None) -> tuple[str, Login]:
-        login = Login(principal, secrets.token_urlsafe(18), (now or time.time()) + self.lifetime)
-        payload = json.dumps({"p": login.principal, "s": login.session_id, "e": int(login.expires_at)}).encode()
+    def issue(self, principal: str, now: float | None = None, groups: tuple[str, ...] = ()) -> tuple[str, Login]:
+        login = Login(principal, secrets.token_urlsafe(18), (now or time.time()) + self.lifetime, groups)
+        fields: dict = {"p": login.principal, "s": login.session_id, "e": int(login.expires_at)}
+        if groups:
+            fields["g"] = list(groups)
+        payload = json.dumps(fields).encode()
         return f"{_b64(payload)}.{self._mac(b'session', payload)}", login
 
     def read(self, cookie: str | None, now: float | None = None) -> Login | None:
@@ -68,7 +73,7 @@ class Sessions:
             return None
         try:
             data = json.loads(payload)
-            login = Login(str(data["p"]), str(data["s"]), float(data["e"]))
+            login = Login(str(data["p"]), str(data["s"]), float(data["e"]), tuple(map(str, data.get("g", ()))))
         except (ValueError, KeyError, TypeError):
             return None
         if login.expires_at <= (now or time.time()):

@@ -25,6 +25,8 @@ from shared.topology import Topology
 
 from .app import Gateway, create_app
 from .auth import RedisState, Sessions
+from .oidc import OpenIDConnect
+from .programs import LiveTokens, tokens_path
 from .reads import Ledger, read_only_engine
 from .settings import GatewaySettings
 from .users import CHANNEL, LiveUsers
@@ -74,6 +76,8 @@ def connections(settings: GatewaySettings):
             send=send,
             sign=sign,
             ready=health.readiness,
+            tokens=LiveTokens(tokens_path(settings.users_path)),
+            oidc=OpenIDConnect.from_settings(settings),
         )
         await health.start(settings.metrics_host, settings.metrics_port)
         try:

@@ -34,6 +34,16 @@ class GatewaySettings(Settings):
     # The base URL people reach it by, checked against a state-changing request's Origin;
     # empty: the request's own scheme and Host.
     gateway_public_url: str = ""
+    # OpenID Connect (services/gateway/oidc.py); empty issuer: off. The redirect URL is
+    # <public URL>/v1/login/oidc/callback as registered with the issuer. The principal claim
+    # must name a user added with `signoff user add NAME --oidc`.
+    gateway_oidc_issuer: str = ""
+    gateway_oidc_client_id: str = ""
+    gateway_oidc_client_secret: str = ""
+    gateway_oidc_redirect_url: str = ""
+    gateway_oidc_principal_claim: str = "preferred_username"
+    gateway_oidc_groups_claim: str = "groups"
+    gateway_oidc_scope: str = "openid profile email"
 
     @property
     def users_path(self) -> Path:

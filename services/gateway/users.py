@@ -22,6 +22,8 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from shared import keyring
 
+from .tokenstore import principals as program_principals
+
 CHANNEL = "gateway"
 # A person's name as the ledger records it: no pattern characters (the channel entry's
 # principals are patterns), no `token:` (that names no person), nothing a log line bends.
@@ -76,6 +78,8 @@ class Users:
     def verify(self, name: str, password: str) -> User | None:
         """The user, if the password is theirs; None otherwise (the same work either way)."""
         user = self.users.get(name)
+        if user is not None and not user.password_hash:
+            user = None  # logs in only through OpenID Connect (`signoff user add --oidc`)
         try:
             HASHER.verify(user.password_hash if user else _DUMMY, password)
         except (VerificationError, InvalidHashError):
@@ -90,8 +94,11 @@ def check_name(name: str) -> str:
 
 
 def register_channel(keys_dir: Path, users_path: Path) -> list[str]:
-    """The gateway's channel registered (its key made if missing) for exactly its users."""
-    return keyring.create(keys_dir, {CHANNEL: sorted(Users.load(users_path).users)})
+    """The gateway's channel registered (its key made if missing) for exactly its users
+    (people with a password or an OpenID Connect login) and its programs' tokens (`bot:NAME`)."""
+    principals = {CHANNEL: sorted(Users.load(users_path).users)}
+    principals[CHANNEL] += program_principals(users_path)
+    return keyring.create(keys_dir, principals)
 
 
 def make_session_key(keys_dir: Path) -> list[str]:
@@ -106,13 +113,18 @@ def make_session_key(keys_dir: Path) -> list[str]:
     return [f"made the gateway's session key ({path})"]
 
 
-def add(keys_dir: Path, users_path: Path, name: str, password: str, groups: list[str], operator: bool) -> list[str]:
+def add(
+    keys_dir: Path, users_path: Path, name: str, password: str | None, groups: list[str], operator: bool
+) -> list[str]:
+    """Add or update a user. `password` None: one who logs in only through OpenID Connect
+    (its principal claim must be this name); the password login refuses them."""
     check_name(name)
-    if len(password) < 8:
+    if password is not None and len(password) < 8:
         raise SystemExit("signoff user add: a password needs at least 8 characters")
     users = Users.load(users_path)
     made = name not in users.users
-    users.users[name] = User(name, HASHER.hash(password), tuple(dict.fromkeys(groups)), operator)
+    hashed = HASHER.hash(password) if password is not None else ""
+    users.users[name] = User(name, hashed, tuple(dict.fromkeys(groups)), operator)
     users.save()
     done = [f"user {name} " + ("added" if made else "updated") + (" (operator)" if operator else "")]
     return done + make_session_key(keys_dir) + register_channel(keys_dir, users_path)
@@ -128,7 +140,10 @@ def remove(keys_dir: Path, users_path: Path, name: str) -> list[str]:
 
 def listing(users_path: Path) -> list[str]:
     return [
-        f"{u.name}" + (f"  groups: {', '.join(u.groups)}" if u.groups else "") + ("  operator" if u.operator else "")
+        f"{u.name}"
+        + ("" if u.password_hash else "  (OpenID Connect)")
+        + (f"  groups: {', '.join(u.groups)}" if u.groups else "")
+        + ("  operator" if u.operator else "")
         for u in Users.load(users_path).users.values()
     ]
 
