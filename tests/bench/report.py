@@ -206,6 +206,8 @@ def _gateway_lines(gateway: dict[str, Any] | None) -> list[str]:
             f" {p['signoff_cpu_ms_per_rt_amqp']:>9.2f} {p['signoff_cpu_ms_per_rt_gateway']:>9.2f} │"
             f" {_f(p['p50_to_card_ms_amqp']):>9} {_f(p['p50_to_card_ms_gateway']):>9} │"
             f" {_f(p['p50_turn_ms_amqp']):>7} {_f(p['p50_turn_ms_gateway']):>7} │ {p['runs']:>4}")
+        lines.append(f"{'':>8}   gateway idle (stream open, no traffic): {_f(p.get('gateway_idle_cpu_ms_per_second'))}"
+                     f" ms CPU/s; CPU per rt less idle: {_f(p.get('gateway_cpu_ms_per_rt_less_idle'), 2)} ms")
         if p["runs"] > 1:
             lines.append(f"{'':>8}   ratios by run: {', '.join(f'{r * 100:.0f} %' for r in p['rate_ratios'] if r)};"
                          f" gateway CPU ms/rt by run: {', '.join(f'{c:.2f}' for c in p['gateway_cpu_ms_per_rt_runs'])}")
