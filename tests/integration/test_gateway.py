@@ -482,3 +482,25 @@ async def test_the_gateway_reads_the_ledger_through_a_connection_that_cannot_wri
                     await conn.execute(text(statement))
     finally:
         await engine.dispose()
+
+
+async def test_the_starter_cancels_their_session_through_the_gateway_and_probes_answer(gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        answer = await alice.post(f"/v1/sessions/{card['session_id']}/cancel", {"reason": "changed my mind"})
+        assert answer.status_code == 202, answer.text
+
+        async def cancelled():
+            return (await alice.get(f"/v1/requests/{card['id']}")).json()["status"] == "cancelled"
+
+        await eventually(cancelled)
+        problem(await alice.decide(card["id"]), 409, "already-decided")
+        for path in ("/healthz", "/readyz"):
+            assert (await alice.http.get(path)).status_code == 200
+        metrics = (await alice.http.get("/metrics")).text
+        assert "signoff_gateway_logins_total" in metrics and "signoff_gateway_requests_total" in metrics
+    audit = await rows(gateway, AuditEntry, session_id=card["session_id"])
+    [ended] = [a for a in audit if a.kind == "turn.ended"]
+    assert "alice" in json.dumps(ended.detail), ended.detail
+    assert sink.counts["/reviewed"] == 0
