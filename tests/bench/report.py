@@ -201,7 +201,8 @@ def _gateway_lines(gateway: dict[str, Any] | None) -> list[str]:
     for p in gateway["pairs"]:
         ratio = p["rate_ratio"]
         lines.append(
-            f"{p['concurrency']:>8} │ {p['amqp_round_trips_per_second']:>9.1f} {p['gateway_round_trips_per_second']:>8.1f}"
+            f"{p['concurrency']:>8} │ {p['amqp_round_trips_per_second']:>9.1f}"
+            f" {p['gateway_round_trips_per_second']:>8.1f}"
             f" {_f(ratio * 100 if ratio else None, 0):>5}% │ {p['median_gateway_cpu_ms_per_rt']:>17.2f} │"
             f" {p['signoff_cpu_ms_per_rt_amqp']:>9.2f} {p['signoff_cpu_ms_per_rt_gateway']:>9.2f} │"
             f" {_f(p['p50_to_card_ms_amqp']):>9} {_f(p['p50_to_card_ms_gateway']):>9} │"
