@@ -21,6 +21,9 @@ from tests.harness import eventually, next_event, rows
 
 
 def add_people(deployment) -> None:
+    # A loaded test machine may take the ledger longer than the default 5 s to decide;
+    # the tests expect the verdict itself (the 202 path has a test of its own).
+    deployment.extra_env.setdefault("SIGNOFF_GATEWAY_DECISION_WAIT_SECONDS", "30")
     keys = deployment.data_dir / "keys"
     for name, groups, operator in PEOPLE:
         users.add(keys, keys / "gateway" / "users.yaml", name, PASSWORD, list(groups), operator)
@@ -504,3 +507,31 @@ async def test_the_starter_cancels_their_session_through_the_gateway_and_probes_
     [ended] = [a for a in audit if a.kind == "turn.ended"]
     assert "alice" in json.dumps(ended.detail), ended.detail
     assert sink.counts["/reviewed"] == 0
+
+
+async def test_a_decision_the_ledger_has_not_judged_in_time_is_answered_202_with_a_link_to_its_verdict(
+        deployment, sink):
+    deployment.extra_env.update(SINK_URL=sink.url, SIGNOFF_GATEWAY_DECISION_WAIT_SECONDS="0")
+    add_people(deployment)
+    deployment.start()
+    deployment.start("gateway")
+    async with GatewayClient(url(deployment)) as alice, GatewayClient(url(deployment)) as bob:
+        await alice.login("alice")
+        await bob.login("bob")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        answer = await alice.decide(card["id"], key="later")
+        assert answer.status_code == 202, answer.text
+        poll = answer.json()["links"]["poll"]
+
+        async def verdict():
+            polled = await alice.get(poll)
+            return polled.json() if polled.status_code == 200 else None
+
+        decided = await eventually(verdict)
+        assert (decided["responder"], decided["decided"]) == ("alice", True)
+        # Bob may not read alice's verdict.
+        problem(await bob.get(poll), 404, "not-found")
+        # The same key again answers the same verdict at once.
+        again = await alice.decide(card["id"], key="later")
+        assert again.status_code == 200 and again.json() == decided
+    assert len(await rows(deployment, Decision, request_id=card["id"])) == 1

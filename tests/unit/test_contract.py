@@ -26,3 +26,18 @@ def test_every_error_the_api_documents_is_a_problem_document():
             for status, answer in operation["responses"].items():
                 if status.startswith(("4", "5")):
                     assert "application/problem+json" in answer.get("content", {}), (path, method, status)
+
+
+def test_the_sdks_models_name_the_fields_the_openapi_document_gives():
+    import json
+
+    import signoff
+
+    schemas = json.loads((PROJECT_ROOT / "docs" / "openapi.json").read_text())["components"]["schemas"]
+    pairs = {signoff.Card: "Card", signoff.Started: "Started", signoff.Verdict: "Verdict",
+             signoff.Pending: "Pending", signoff.SessionView: "SessionShown"}
+    for model, name in pairs.items():
+        schema = schemas[name]
+        assert set(model.model_fields) == set(schema["properties"]), name
+        required = {f for f, info in model.model_fields.items() if info.is_required()}
+        assert required == set(schema.get("required", [])), name
