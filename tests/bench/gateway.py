@@ -153,7 +153,12 @@ class GatewayChannel:
                     self.retries += 1
                     if attempt == 2:
                         raise
-            verdict = answer.json() if answer.status_code in (200, 202) else None
+            deadline = time.time() + adapter.timeout
+            while answer.status_code == 202 and time.time() < deadline:
+                # The ledger took longer than the gateway waits (a loaded machine): poll its link.
+                await asyncio.sleep(0.1)
+                answer = await self.client.get(answer.json()["links"]["poll"])
+            verdict = answer.json() if answer.status_code == 200 else None
             if answer.status_code != 200 or verdict is None or verdict.get("outcome") != "accepted":
                 raise BenchFailure(f"decision on {requested['request_id']}: {answer.status_code} {answer.text[:300]}")
             adapter.sent["gateway.decision"] += 1
