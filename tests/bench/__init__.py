@@ -1,6 +1,7 @@
 """`make bench`: one approval round trip, measured on the real services.
 
     .venv/bin/python -m tests.bench [--seconds 20] [--levels 1,16,64] [--recovery-tries 3]
+                                    [--gateway-levels 16] [--gateway-runs 1]
                                     [--output PATH] [--quick] [--profile DIR]
 
 The workload is one approval round trip: a session's model step asks for one
@@ -21,6 +22,8 @@ approve carrying the card's args_digest.
     driver.py    the run: arguments, phases in order, the JSON, the exit status
     adapter.py   the channel adapter (on the tests' Console) and its round trip
     levels.py    one load level: closed-loop slots, the rate window, latencies, costs
+    gateway.py   the gateway level: the card from GET /v1/events, the approval by POST
+                 /v1/requests/{id}/decision, beside an AMQP level of the same concurrency
     recovery.py  kill approval-ledger and publisher under pending approvals, time the recovery
     cpu.py       CPU of the services, the dependencies and the driver; py-spy profiles
     floors.py    what PostgreSQL and RabbitMQ alone do on this machine
@@ -66,6 +69,18 @@ How each figure is taken (docs/performance.md repeats this):
   before and after the level (drain included), divided by the level's round
   trips. The driver's own CPU and the dependencies' (postgres, beam.smp,
   redis-server, summed over their processes, machine-wide) are shown apart.
+- gateway level (`--gateway-levels`, default 16, `--quick` 4): after the AMQP
+  levels the HTTP gateway is started (one more process in the CPU figures,
+  `gateway`) with an operator login `bench`; per level, an AMQP level of that
+  concurrency and then, right after it, the same round trip with the card read
+  from the gateway's event stream (one stream for every slot, opened at the
+  newest event) and the approval POSTed (CSRF token, an Idempotency-Key); the
+  rate ratio gateway/AMQP of the pair is the figure (`--gateway-runs N` pairs,
+  median). The gateway's CPU per round trip is its /proc CPU over the level's
+  round trips; its CPU per second with the stream open and no traffic (3 s
+  before the level) is reported beside it, since its polls cost per second,
+  not per round trip. The target (issue 21): at most 3 ms per round trip and a
+  rate within 10 % of the AMQP channel's.
 - floor: 16 asyncpg connections doing BEGIN; INSERT one row; COMMIT into a
   table in the bench schema; and aio-pika with publisher confirms, 16
   concurrent publishers of persistent 1 KB messages to a quorum queue under the

@@ -14,7 +14,10 @@ from tests.harness import Deployment
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEPENDENCIES = ("postgres", "beam.smp", "redis-server")
-SHORT = {"approval-ledger": "ledger", "publisher": "publisher", "model-step": "model", "tool-executor": "executor"}
+SHORT = {"approval-ledger": "ledger", "publisher": "publisher", "model-step": "model", "tool-executor": "executor",
+         "gateway": "gateway"}
+# Processes that answer SIGUSR1 with their SQL counts (shared/runtime.py); the gateway (uvicorn) does not.
+COUNTS_SQL = ("approval-ledger", "publisher", "model-step", "tool-executor")
 
 
 def process_cpu(pid: int) -> float | None:
@@ -132,7 +135,7 @@ async def statement_counts(deployment: Deployment, timeout: float = 5.0) -> dict
     asked = time.time()
     paths = {}
     for name, process in deployment.processes.items():
-        if process.poll() is None:
+        if process.poll() is None and name.split("#")[0] in COUNTS_SQL:
             process.send_signal(signal.SIGUSR1)
             paths[name] = deployment.data_dir / "stats" / f"{name.split('#')[0]}-{process.pid}.json"
     counts: dict[str, dict[str, int]] = {}

@@ -22,6 +22,7 @@ from shared.settings import PROJECT_ROOT
 from tests.bench.adapter import BenchFailure, ChannelAdapter
 from tests.bench.cpu import find_py_spy, summarize_profile
 from tests.bench.floors import postgres_floor, rabbitmq_floor
+from tests.bench.gateway import add_user, gateway_levels
 from tests.bench.levels import Context, LedgerReader, SqliteLedgerReader, run_level
 from tests.bench.recovery import RECOVERY_MODES, recovery_try
 from tests.bench.report import Progress, median_of, render_table
@@ -105,6 +106,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     deployment = Deployment(store="postgres", data_dir=data_dir,
                             extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type, "SIGNOFF_LOG_LEVELS": args.log_levels})
     data_dir.mkdir(parents=True, exist_ok=True)
+    if args.gateway_levels:
+        add_user(deployment)  # the gateway's login for its level, before its channel is registered
     # The fixtures' script with the long session's (`long-*`); the round trips' `bench-*` unchanged.
     deployment.script_file = long_script(data_dir / "script.yaml", turns=args.long_session_turns,
                                          steps_per_turn=LONG_SESSION_STEPS_PER_TURN)
@@ -115,6 +118,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {"seconds": args.seconds, "levels": args.levels, "recovery_tries": args.recovery_tries,
                      "recovery_sessions": args.recovery_sessions, "floor_seconds": args.floor_seconds,
                      "queue_type": args.queue_type, "log_levels": args.log_levels,
+                     "gateway_levels": args.gateway_levels, "gateway_runs": args.gateway_runs,
                      "namespace": deployment.namespace},
         "levels": [],
         "failures": [],
@@ -144,6 +148,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             profile = args.profile if args.profile and concurrency == max(args.levels) else None
             level = await run_level(ctx, concurrency, args.seconds, f"level {concurrency}", profile)
             result["levels"].append(level)
+        if args.gateway_levels:
+            result["gateway"] = await gateway_levels(ctx, args)
         tries = []
         for attempt in range(args.recovery_tries):
             for mode in RECOVERY_MODES:
@@ -186,7 +192,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if result["passed"] and not args.keep_logs:
         shutil.rmtree(data_dir, ignore_errors=True)
     if args.profile:
-        summaries = [summarize_profile(p) for p in sorted(args.profile.glob("*.txt")) if p.stat().st_size]
+        summaries = [summarize_profile(p) for p in sorted(args.profile.rglob("*.txt"))
+                     if p.stat().st_size and p.name != "summary.txt"]
         (args.profile / "summary.txt").write_text("\n\n".join(summaries) + "\n")
         result["profile"] = str(args.profile)
     return result
@@ -211,6 +218,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="levels on the embedded default, SQLite (default 16; 0 or empty: none)")
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum",
                         help="the inbound queues' type (SIGNOFF_QUEUE_TYPE; default quorum)")
+    parser.add_argument("--gateway-levels", default="16",
+                        help="levels whose approvals go through the HTTP gateway (the card from its event stream, "
+                             "the decision by POST), each right after an AMQP level of the same concurrency "
+                             "(default 16; 0 or empty: none)")
+    parser.add_argument("--gateway-runs", type=int, default=1,
+                        help="AMQP/gateway pairs per gateway level; the median is reported (default 1)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run")
     parser.add_argument("--log-levels", default="",
                         help="the services' SIGNOFF_LOG_LEVELS, e.g. signoff.ledger=WARNING,signoff.model_step=WARNING "
@@ -218,10 +231,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.levels, args.seconds, args.recovery_tries, args.sqlite_levels = "1,4", 3.0, 1, "4"
+        args.gateway_levels = "4"
         args.floor_seconds, args.warmup_seconds = 1.5, 1.0
     if args.long_session_turns is None:
         args.long_session_turns = 2 if args.quick else 10
     args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
+    args.gateway_levels = [int(x) for x in str(args.gateway_levels).split(",") if x.strip() and int(x) > 0]
     args.sqlite_levels = [int(x) for x in str(args.sqlite_levels).split(",") if x.strip() and int(x) > 0]
     if not args.levels or min(args.levels) < 1:
         parser.error("--levels needs positive integers, e.g. 1,16,64")

@@ -139,6 +139,7 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append("* the level was too short to reach steady state at this concurrency: rate over the whole level.")
     lines.append("pg limit = PostgreSQL floor ÷ txn/rt; mq limit = RabbitMQ floor ÷ msg/rt; cpu limit = CPUs ÷ "
                  "(Signoff + driver + deps CPU per rt).")
+    lines.extend(_gateway_lines(result.get("gateway")))
     sqlite = result.get("sqlite")
     if sqlite and sqlite.get("levels"):
         lines.append("")
@@ -182,3 +183,33 @@ def render_table(result: dict[str, Any]) -> str:
         for problem in result["failures"] + checks.get("violations", []):
             lines.append(f"  - {problem}")
     return "\n".join(lines)
+
+
+
+def _gateway_lines(gateway: dict[str, Any] | None) -> list[str]:
+    """Each gateway level beside the AMQP level run just before it (the median pair)."""
+    if not gateway or not gateway.get("pairs"):
+        return []
+    lines = ["", "the gateway level (card from GET /v1/events, approval by POST .../decision), beside an AMQP level "
+             "of the same concurrency run just before it (target: gateway CPU <= 3 ms/rt, rt/s >= 90 % of AMQP's):"]
+    head = (f"{'sessions':>8} │ {'rt/s amqp':>9} {'gateway':>8} {'ratio':>6} │ {'gateway CPU ms/rt':>17} │ "
+            f"{'other Signoff ms/rt':^19} │ {'start→card p50 ms':^19} │ {'turn p50 ms':^15} │ {'runs':>4}")
+    lines.append(head)
+    lines.append(f"{'':>8} │ {'':>9} {'':>8} {'':>6} │ {'':>17} │ {'amqp':>9} {'gateway':>9} │"
+                 f" {'amqp':>9} {'gateway':>9} │ {'amqp':>7} {'gateway':>7} │ {'':>4}")
+    lines.append("─" * len(head))
+    for p in gateway["pairs"]:
+        ratio = p["rate_ratio"]
+        lines.append(
+            f"{p['concurrency']:>8} │ {p['amqp_round_trips_per_second']:>9.1f}"
+            f" {p['gateway_round_trips_per_second']:>8.1f}"
+            f" {_f(ratio * 100 if ratio else None, 0):>5}% │ {p['median_gateway_cpu_ms_per_rt']:>17.2f} │"
+            f" {p['signoff_cpu_ms_per_rt_amqp']:>9.2f} {p['signoff_cpu_ms_per_rt_gateway']:>9.2f} │"
+            f" {_f(p['p50_to_card_ms_amqp']):>9} {_f(p['p50_to_card_ms_gateway']):>9} │"
+            f" {_f(p['p50_turn_ms_amqp']):>7} {_f(p['p50_turn_ms_gateway']):>7} │ {p['runs']:>4}")
+        lines.append(f"{'':>8}   gateway idle (stream open, no traffic): {_f(p.get('gateway_idle_cpu_ms_per_second'))}"
+                     f" ms CPU/s; CPU per rt less idle: {_f(p.get('gateway_cpu_ms_per_rt_less_idle'), 2)} ms")
+        if p["runs"] > 1:
+            lines.append(f"{'':>8}   ratios by run: {', '.join(f'{r * 100:.0f} %' for r in p['rate_ratios'] if r)};"
+                         f" gateway CPU ms/rt by run: {', '.join(f'{c:.2f}' for c in p['gateway_cpu_ms_per_rt_runs'])}")
+    return lines
