@@ -21,6 +21,7 @@ from sqlalchemy import select
 from services.approval_ledger.domain import speaks_for
 from services.supervisor import Supervisor
 from shared import audit, keyring
+from shared.amqp_hosts import connect_robust
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
@@ -65,7 +66,7 @@ class Console:
         check_reachable(self.settings)
         url, self.user = self.settings.amqp_login(self.identity)
         try:
-            self.connection = await aio_pika.connect_robust(url)
+            self.connection = await connect_robust(url)
         except Exception as error:
             raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
