@@ -21,7 +21,7 @@ from sqlalchemy import select
 from services.approval_ledger.domain import speaks_for
 from services.supervisor import Supervisor
 from shared import audit, keyring
-from shared.amqp_hosts import connect_robust
+from shared.amqp_hosts import connect_robust, failover_broker, split_hosts
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
@@ -70,7 +70,7 @@ class Console:
         except Exception as error:
             raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
-        self.broker = RabbitBroker(url, log_level=logging.DEBUG)
+        self.broker = failover_broker(RabbitBroker(split_hosts(url)[0], log_level=logging.DEBUG), url)
         await self.broker.connect()
         return self
 
