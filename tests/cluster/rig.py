@@ -6,6 +6,7 @@ node cut off from its peers)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -15,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
 from sqlalchemy import select
 
 from shared.ledger.tables import ApprovalRequest, Session
@@ -81,6 +81,21 @@ def psql(port: int, sql: str) -> str:
                           timeout=60).stdout.strip()
 
 
+def kill_primary() -> None:
+    """SIGKILL of the primary's postmaster and every process of it (its backends too: a
+    machine lost, not a postmaster alone), by their ids."""
+    pm = postmaster("signoff_primary")
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pm)], capture_output=True, text=True).stdout.split()
+    for pid in [pm, *map(int, children)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wal_receiver() -> int:
+    """The standby's WAL receiver process."""
+    return int(psql(5443, "select pid from pg_stat_wal_receiver"))
+
+
 def promote_standby() -> None:
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, "signoff_standby", "promote"],
                    check=True, timeout=60)
@@ -98,7 +113,8 @@ class Flow:
     until told to stop, with the time of every turn completed (the pause a fault
     makes is the longest gap between completions)."""
 
-    def __init__(self, console, sessions: int) -> None:
+    def __init__(self, console, sessions: int, patience: float = 180) -> None:
+        self.patience = patience
         self.console = console
         self.observed = Observed()
         self.stop = asyncio.Event()
@@ -116,7 +132,7 @@ class Flow:
             session_id = mint("ses")
             await self._send(lambda: self.console.send(StartTurn(session_id=session_id, text="cluster")))
             answered: set[str] = set()
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + self.patience
             while True:
                 if time.monotonic() > deadline:
                     self.unfinished += 1

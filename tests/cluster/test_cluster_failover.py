@@ -12,17 +12,18 @@ import pytest
 
 from tests.cluster.rig import (
     NODES,
+    Flow,
     cluster_deployment,
     cluster_up,
     connections_by_node,
     kill_node,
+    kill_primary,
     leaders,
     node_name,
-    postmaster,
     promote_standby,
     psql,
+    wal_receiver,
 )
-from tests.cluster.rig import Flow
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 SESSIONS = 32
@@ -78,3 +79,58 @@ async def test_the_rabbitmq_node_leading_most_queues_killed_mid_flow_loses_and_r
     assert verdict.passed, verdict.violations
     for name, process in deployment.processes.items():
         assert process.poll() is None, f"{name} died with the node instead of moving to another"
+
+
+async def _lose_the_primary(deployment, console, sink, *, freeze_standby: bool, patience: float):
+    """32 sessions in flight; the primary lost (every process of it SIGKILLed) and the standby
+    promoted. freeze_standby: its WAL receiver stopped (SIGSTOP) for 3 s just before, so
+    the standby lags what the primary acknowledged, as a loaded or distant standby does."""
+    flow = Flow(console, SESSIONS, patience=patience)
+    await asyncio.sleep(8)
+    before = flow.observed.completed_turns
+    receiver = wal_receiver()
+    if freeze_standby:
+        os.kill(receiver, signal.SIGSTOP)
+        await asyncio.sleep(3)
+    frozen_turns = flow.observed.completed_turns - before
+    killed_at = time.monotonic()
+    kill_primary()
+    if freeze_standby:
+        os.kill(receiver, signal.SIGCONT)
+    await asyncio.to_thread(promote_standby)
+    promoted_in = time.monotonic() - killed_at
+    await asyncio.sleep(25)
+    verdict = await flow.finish(deployment, sink)
+    pause = flow.longest_pause(killed_at)
+    print(f"\ncluster: promoted in {promoted_in:.1f}s; {frozen_turns} turns completed while the standby was frozen; "
+          f"{flow.observed.completed_turns} turns, {len(sink.requests)} outward calls; longest pause {pause:.1f}s; "
+          f"figures {verdict.figures}; violations {verdict.violations}")
+    return verdict
+
+
+async def test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_loses_and_repeats_nothing(
+    flowing, sink
+):
+    deployment, console = flowing
+    assert psql(5442, "select sync_state from pg_stat_replication") == "sync"
+    # Frozen, the synchronous standby holds every commit back: nothing is acknowledged that it lacks.
+    verdict = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=180)
+    assert verdict.passed, verdict.violations
+    for name, process in deployment.processes.items():
+        assert process.poll() is None, f"{name} died with the primary instead of finding the new one"
+
+
+@pytest.fixture
+def asynchronous():
+    cluster_up(sync=False)
+    yield
+    cluster_up(sync=True)
+
+
+async def test_with_asynchronous_replication_the_same_loss_forgets_acknowledged_work(asynchronous, flowing, sink):
+    """The trade-off, measured: what the primary acknowledged but the standby had not
+    received is gone after the promotion (decisions, closures, claims)."""
+    deployment, console = flowing
+    assert psql(5442, "select count(*) from pg_stat_replication where sync_state = 'async'") == "1"
+    verdict = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=60)
+    assert not verdict.passed, "asynchronous replication lost nothing: the scenario did not make the standby lag"
