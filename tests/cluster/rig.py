@@ -91,9 +91,9 @@ def kill_primary() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def wal_receiver() -> int:
-    """The standby's WAL receiver process."""
-    return int(psql(5443, "select pid from pg_stat_wal_receiver"))
+def wal_sender() -> int:
+    """The primary's WAL sender process (to its one standby)."""
+    return int(psql(5442, "select pid from pg_stat_replication"))
 
 
 def promote_standby() -> None:
