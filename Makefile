@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: services run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation mutation-smoke fuzz
+.PHONY: cluster-test services run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation mutation-smoke fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,8 +40,15 @@ contract: $(STAMP)
 # The broker-restart and database-outage tests stop shared services, so they run alone, last.
 test: $(STAMP) lint mutation-smoke services
 	@bash tests/install_prometheus.sh
-	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart and not database_outage" tests
+	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart and not database_outage and not cluster" tests
 	$(BIN)/python -m pytest -q -m "broker_restart or database_outage" tests
+
+# Issue 24: a three-node RabbitMQ cluster and a PostgreSQL primary + synchronous standby on
+# loopback (deploy/local/cluster_up.sh; its own ports, beside the shared services), then the
+# tests that kill their nodes, one at a time (each takes about four minutes).
+cluster-test: $(STAMP) services
+	bash deploy/local/cluster_up.sh
+	$(BIN)/python -m pytest -q -s -m cluster tests/cluster
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

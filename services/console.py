@@ -27,6 +27,7 @@ from services.gateway import users as gateway_users
 from services.gateway.settings import GatewaySettings
 from services.supervisor import Supervisor
 from shared import audit, faults, keyring, provisioning
+from shared.amqp_hosts import connect_robust, failover_broker, split_hosts
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
@@ -72,11 +73,11 @@ class Console:
         check_reachable(self.settings)
         url, self.user = self.settings.amqp_login(self.identity)
         try:
-            self.connection = await aio_pika.connect_robust(url)
+            self.connection = await connect_robust(url)
         except Exception as error:
             raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
         self.channel = await self.connection.channel(publisher_confirms=True)
-        self.broker = RabbitBroker(url, log_level=logging.DEBUG)
+        self.broker = failover_broker(RabbitBroker(split_hosts(url)[0], log_level=logging.DEBUG), url)
         await self.broker.connect()
         return self
 

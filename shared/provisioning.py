@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 from faststream.rabbit import RabbitBroker
 
+from shared.amqp_hosts import failover_broker, split_hosts
 from shared.consuming import declare
 from shared.redaction import redact_text
 from shared.settings import Settings, without_password
@@ -237,7 +238,8 @@ async def provision_broker(settings: Settings, channels: list[str], made: Made |
         done += await _identities(settings, topology, channels, made or Made())
     else:
         done.append("no broker identities (SIGNOFF_BROKER_IDENTITIES=false): everyone connects as one user")
-    broker = RabbitBroker(settings.amqp_url, log_level=logging.DEBUG)
+    broker = RabbitBroker(split_hosts(settings.amqp_url)[0], log_level=logging.DEBUG)
+    failover_broker(broker, settings.amqp_url)
     try:
         await broker.connect()
         try:

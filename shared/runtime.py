@@ -22,6 +22,7 @@ from faststream.rabbit.schemas import Channel
 from pydantic import TypeAdapter
 
 from shared import faults, logs
+from shared.amqp_hosts import failover_broker, hosts_of, split_hosts
 from shared.consuming import Inbound
 from shared.dead_letters import ParkedMessage, describe
 from shared.messages import EVENT_TYPES
@@ -56,15 +57,21 @@ def check_reachable(
     """Fail fast, naming the service, its address and how to start it."""
     targets = [("RabbitMQ", settings.rabbitmq_url, 5672), ("Redis", settings.redis_url, 6379)]
     if settings.is_postgres:
-        targets.append(("PostgreSQL", settings.ledger_url, 5432))
+        targets.append(("PostgreSQL", settings.database_url or settings.ledger_url, 5432))
     targets = [t for t in targets if t[0] in only]
     for service, url, default_port in targets:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "localhost", parts.port or default_port
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-        except OSError as error:
-            raise Unreachable(service, f"{host}:{port}", error) from None
+        # Several hosts (a RabbitMQ cluster's nodes, a PostgreSQL primary and standby): one answering is enough.
+        error: OSError | None = None
+        for one in split_hosts(url):
+            parts = urlsplit(one)
+            host, port = parts.hostname or "localhost", parts.port or default_port
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+                break
+            except OSError as failed:
+                error = failed
+        else:
+            raise Unreachable(service, ",".join(hosts_of(url)), error) from None
 
 
 def configure_logging(settings: Settings, name: str) -> None:
@@ -81,7 +88,7 @@ class Runtime:
         # Its own broker identity: RabbitMQ lets it write only its own exchange.
         self.amqp_url, self.user = settings.amqp_login(name)
         self.broker = RabbitBroker(
-            self.amqp_url,
+            split_hosts(self.amqp_url)[0],
             default_channel=Channel(prefetch_count=settings.prefetch),
             log_level=logging.DEBUG,
             # Ours, not FastStream's own (which prints plain text to stdout): its lines are JSON like the rest.
@@ -92,6 +99,8 @@ class Runtime:
             # message (~7 % of the ledger's busy samples at 64 sessions, profiled).
             apply_types=False,
         )
+        # Several hosts (a cluster's nodes): it connects to any and reconnects to the next.
+        failover_broker(self.broker, self.amqp_url)
         self._redis: Redis | None = None
         # /metrics, /healthz, /readyz; each service adds what it needs beyond the broker.
         self.health = Health(name)
@@ -236,5 +245,7 @@ def prepare(settings: Settings, name: str) -> Runtime:
 
 def address(url: str) -> str:
     """host:port of a URL, as an error message names it."""
+    if len(hosts := hosts_of(url)) > 1:
+        return ",".join(hosts)
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port or ''}"

@@ -138,8 +138,8 @@ class Settings(BaseSettings):
             ("sqlite:///", "sqlite+aiosqlite:///"),
         ):
             if url.startswith(plain):
-                return driver + url[len(plain) :]
-        return url
+                return several_hosts(driver + url[len(plain) :])
+        return several_hosts(url)
 
     @property
     def amqp_url(self) -> str:
@@ -194,9 +194,10 @@ class Settings(BaseSettings):
                 f"signoff: no broker password for {user} at {self.broker_password_file(name)}; run `signoff setup` "
                 "(or set SIGNOFF_BROKER_IDENTITIES=false to connect as the user of SIGNOFF_RABBITMQ_URL)"
             ) from None
-        host = url.hostname or "localhost"
-        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{url.port}" if url.port else "")
-        return urlunsplit((url.scheme, netloc, url.path, url.query, url.fragment)), user
+        from shared.amqp_hosts import with_hosts
+
+        # Every host of the URL kept: a cluster's nodes (shared/amqp_hosts.py).
+        return with_hosts(self.amqp_url, f"{quote(user, safe='')}:{quote(password, safe='')}"), user
 
     def redis_user(self, name: str) -> str:
         return f"{self.namespace}.{name}"
@@ -237,3 +238,17 @@ def without_password(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
     return urlunsplit((parts.scheme, f"{user}@{netloc}", parts.path, parts.query, parts.fragment))
+
+
+def several_hosts(url: str) -> str:
+    """A PostgreSQL URL with several hosts as libpq writes it (`postgresql://u@h1:5442,h2:5443/db?
+    target_session_attrs=read-write`: a primary and its standby) in the form SQLAlchemy's asyncpg
+    dialect reads (`…@/db?host=h1:5442&host=h2:5443&…`); asyncpg tries them in turn and, with
+    target_session_attrs=read-write, keeps only the primary, so after a promotion a new
+    connection finds the new one. One host: the URL unchanged."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    query = "&".join([f"host={host}" for host in hosts.split(",") if host] + ([parts.query] if parts.query else []))
+    return urlunsplit((parts.scheme, f"{userinfo}{at}", parts.path, query, parts.fragment))

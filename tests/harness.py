@@ -35,6 +35,7 @@ from services.console import Console
 from services.gateway import users as gateway_users
 from services.warm_start import SERVICES as SERVICE_MODULES
 from shared import keyring
+from shared.amqp_hosts import connect_robust
 from shared.provisioning import (
     provision_broker,
     provision_database,
@@ -205,6 +206,11 @@ class Deployment:
     # True: every start is a new interpreter (`python -m services.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
     cold: bool = False
+    # Where it runs: the machine's services unless a test points it elsewhere (a cluster's
+    # nodes, tests/cluster: several hosts in one URL).
+    rabbitmq_url: str = RABBITMQ_URL
+    rabbitmq_admin_url: str = RABBITMQ_ADMIN_URL
+    postgres_url: str = POSTGRES_URL
     _set_up: bool = False
 
     @property
@@ -216,8 +222,8 @@ class Deployment:
         env.update(
             SIGNOFF_NAMESPACE=self.namespace,
             SIGNOFF_DATA_DIR=str(self.data_dir),
-            SIGNOFF_RABBITMQ_URL=RABBITMQ_URL,
-            SIGNOFF_RABBITMQ_ADMIN_URL=RABBITMQ_ADMIN_URL,
+            SIGNOFF_RABBITMQ_URL=self.rabbitmq_url,
+            SIGNOFF_RABBITMQ_ADMIN_URL=self.rabbitmq_admin_url,
             SIGNOFF_REDIS_URL=REDIS_URL,
             SIGNOFF_TOOLS_FILE=str(self.tools_file),
             SIGNOFF_SCRIPT_FILE=str(self.script_file),
@@ -229,7 +235,7 @@ class Deployment:
             PYTHONUNBUFFERED="1",
         )
         if self.store == "postgres":
-            env.update(SIGNOFF_DATABASE_URL=POSTGRES_URL, SIGNOFF_DATABASE_SCHEMA=self.namespace)
+            env.update(SIGNOFF_DATABASE_URL=self.postgres_url, SIGNOFF_DATABASE_SCHEMA=self.namespace)
         # The fixture tools' credential (tests/fixtures/tools.yaml): an unset `${env:…}` is an error.
         env.setdefault("SINK_TOKEN", "sink-token-for-tests")
         env.update(self.extra_env)
@@ -367,7 +373,7 @@ class Deployment:
         """A channel as the broker's administrator, for a test that watches what no Signoff
         identity may read (e.g. a copy of every `tool.execute` bound to the commands)."""
         self.setup()
-        connection = await aio_pika.connect(RABBITMQ_URL)
+        connection = await connect_robust(self.rabbitmq_url)
         async with connection:
             yield await connection.channel()
 
@@ -399,7 +405,7 @@ class Deployment:
 
     async def cleanup(self) -> None:
         self.stop_all()
-        connection = await aio_pika.connect_robust(RABBITMQ_URL)
+        connection = await connect_robust(self.rabbitmq_url)
         async with connection:
             channel = await connection.channel()
             settings = self.settings
@@ -416,7 +422,7 @@ class Deployment:
         if self._set_up:
             await remove_broker_identities(self.settings, sorted(keyring.channels(self.data_dir / "keys")))
         if self.store == "postgres":
-            engine = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url)
+            engine = create_async_engine(Settings(database_url=self.postgres_url).ledger_url)
             async with engine.begin() as conn:
                 await conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.namespace}" CASCADE'))
             await engine.dispose()

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import audit, faults
 from shared.ledger.database import STATEMENT_COUNTS, insert_unless_present
-from shared.ledger.driver import bind_processor, driver_of, fetch
+from shared.ledger.driver import bind_processor, driver_of, fetch, forget_if_closed
 from shared.ledger.tables import TABLES
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
@@ -473,7 +473,11 @@ class UnitOfWork:
             # flush must not run before it, outside any transaction (autocommitted).
             await self.db.exec_driver_sql("SELECT 1")
         STATEMENT_COUNTS["statements"] += 1
-        await driver.execute(text_, *sql.values)
+        try:
+            await driver.execute(text_, *sql.values)
+        except Exception:
+            await forget_if_closed(self.db, driver)
+            raise
 
     @property
     def settled(self) -> int:

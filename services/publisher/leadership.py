@@ -150,6 +150,23 @@ class Leadership:
             await self.connection.close(timeout=2)
 
 
+def _where(url: Any) -> dict[str, Any]:
+    """asyncpg's host and port arguments for the URL: its one host, or (a primary and its
+    standby, shared/settings.py:several_hosts) every `host=` of its query, with its
+    target_session_attrs, so after a promotion the lock is taken on the new primary."""
+    hosts = url.query.get("host")
+    if not hosts:
+        return {"host": url.host or "localhost", "port": url.port or 5432}
+    hosts = [hosts] if isinstance(hosts, str) else list(hosts)
+    where: dict[str, Any] = {
+        "host": [h.rpartition(":")[0] if ":" in h else h for h in hosts],
+        "port": [int(h.rpartition(":")[2]) if ":" in h else 5432 for h in hosts],
+    }
+    if attrs := url.query.get("target_session_attrs"):
+        where["target_session_attrs"] = attrs
+    return where
+
+
 async def lead(settings: Settings, wake: asyncio.Event) -> Leadership:
     """Become the leader (waiting as a standby while another leads), take the next
     epoch, then wake on every NOTIFY; the term lasts while its connection and epoch do."""
@@ -170,10 +187,9 @@ async def lead(settings: Settings, wake: asyncio.Event) -> Leadership:
     connection = await asyncpg.connect(
         user=url.username,
         password=url.password,
-        host=url.host or "localhost",
-        port=url.port or 5432,
         database=url.database,
         server_settings=server_settings,
+        **_where(url),
     )
     try:
         # Hold leadership for as long as this connection lives; a killed leader's lock goes with it.

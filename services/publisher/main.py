@@ -10,6 +10,7 @@ from functools import partial
 import aio_pika
 import httpx
 
+from shared.amqp_hosts import connect_robust
 from shared.ledger.database import create_engine, database_reachable, migrate, sessionmaker
 from shared.observability import PUBLISHER_LEADING
 from shared.runtime import Unreachable, address, prepare
@@ -36,7 +37,7 @@ async def run(settings: Settings) -> None:
     engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
-        connection = await aio_pika.connect_robust(runtime.amqp_url)
+        connection = await connect_robust(runtime.amqp_url)
     except Exception as error:
         raise Unreachable("RabbitMQ", address(settings.rabbitmq_url), error) from None
     # Its relay's own connection is what it needs (a standby has no other yet).

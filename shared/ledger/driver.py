@@ -104,7 +104,11 @@ async def fetch(conn: AsyncConnection, query: Any, parameters: dict[str, Any], *
     done = compiled(query, conn.dialect)
     driver = raw if raw is not None else await driver_of(conn)
     STATEMENT_COUNTS["statements"] += 1  # the bench's count: SQLAlchemy's events do not see it
-    records = await driver.fetch(done.sql, *done.arguments(parameters))
+    try:
+        records = await driver.fetch(done.sql, *done.arguments(parameters))
+    except Exception:
+        await forget_if_closed(conn, driver)
+        raise
     return [Record(record, done.json_columns) for record in records]
 
 
@@ -116,5 +120,19 @@ async def execute(conn: AsyncConnection, query: Any, parameters: dict[str, Any],
     STATEMENT_COUNTS["statements"] += 1
     if not driver.is_in_transaction():
         STATEMENT_COUNTS["commits"] += 1
-    status = await driver.execute(done.sql, *done.arguments(parameters))
+    try:
+        status = await driver.execute(done.sql, *done.arguments(parameters))
+    except Exception:
+        await forget_if_closed(conn, driver)
+        raise
     return int(status.rsplit(" ", 1)[-1])
+
+
+async def forget_if_closed(conn: AsyncConnection, driver: Any) -> None:
+    """A statement sent straight to asyncpg bypasses SQLAlchemy's disconnect handling: a
+    connection whose server went away (a primary lost, its standby promoted) would stay
+    in the pool and fail every later checkout with "connection is closed", forever (seen
+    in tests/cluster). Invalidated, the pool opens a new one, on whichever host is the
+    primary now (target_session_attrs)."""
+    if driver.is_closed():
+        await conn.invalidate()
