@@ -132,7 +132,7 @@ MUTATIONS = [
    "    pass",
    "tests/integration/test_lifetimes.py::test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session"),
   ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/handlers.py",
-   "        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now)",
+   "        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now, escalated_to=escalated_to)",
    "        pass",
    "tests/integration/test_lifetimes.py::test_an_unanswered_request_is_escalated_once_and_the_escalation_group_may_then_approve"),
   ("no retention sweep: sent outbox and old inbox rows are kept forever", "services/approval_ledger/main.py",
@@ -175,8 +175,8 @@ MUTATIONS = [
    "            acted += 1",
    "tests/integration/test_command_line.py::test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_and_it_is_applied_once[sqlite]"),
   ("a parked message is dropped without its reason on record", "services/console.py",
-   "                db.add(\n                    DeadLetterAction(",
-   "                None and db.add(\n                    DeadLetterAction(",
+   "        db.add(\n            DeadLetterAction(",
+   "        None and db.add(\n            DeadLetterAction(",
    "tests/integration/test_command_line.py::test_an_operator_drops_parked_messages_with_a_reason_that_the_ledger_keeps[sqlite]"),
   ("a parked message is replayed as the operator's channel, not as its sender", "services/console.py",
    "    identity = user[len(topology.namespace) + 1 :]\n",
@@ -457,14 +457,14 @@ MUTATIONS = [
   # Issue 19, hole 4: python tools run in a process of their own, holding only their declared variables.
   ("python tools run inside the executor again, with its environment, keys and broker identity",
    "services/tool_executor/tools.py",
-   "        result = await _run_python(implementation, spec, arguments, context)\n",
+   "        result = await _run_python(implementation, spec, arguments, context, launcher)\n",
    "        from .tool_process import _load, as_json\n"
    "        value = _load(implementation.function)(arguments, context)\n"
    "        result = ToolResult(\"output\", as_json(await value if hasattr(value, \"__await__\") else value))\n",
    "tests/integration/test_tool_isolation.py"),
   ("a python tool's process inherits the executor's whole environment", "services/tool_executor/tools.py",
-   "                env={**_basic_environment(folder), **handed},\n",
-   "                env={**os.environ, **_basic_environment(folder), **handed},\n",
+   "        env={**_basic_environment(folder), **handed},\n",
+   "        env={**os.environ, **_basic_environment(folder), **handed},\n",
    "tests/integration/test_tool_isolation.py::"
    "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
    "tests/unit/test_python_tools.py"),
@@ -512,8 +512,8 @@ MUTATIONS = [
    "    if False:\n        return NO_SUCH_SESSION",
    "tests/unit/test_ledger_rules.py"),
   ("setup's error echoes the administrator's URL with its password", "shared/provisioning.py",
-   "            shown = without_password(settings.rabbitmq_admin_url)",
-   "            shown = settings.rabbitmq_admin_url",
+   "    shown = without_password(settings.rabbitmq_admin_url)",
+   "    shown = settings.rabbitmq_admin_url",
    "tests/integration/test_command_line.py::"
    "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
   ("signoff status judges the management API's sampled queue figures, seconds old", "services/status.py",
