@@ -92,10 +92,19 @@ async def test_the_executors_redis_user_reaches_only_its_own_leases(sqlite_deplo
     with pytest.raises(AuthenticationError):
         async with Redis.from_url(wrong) as stranger:
             await stranger.ping()
-    # No other service has a Redis user: none uses Redis.
+    # No other service has a Redis user but the gateway (its login limits and logouts): the
+    # ledger, publisher and model-step use no Redis.
     async with Redis.from_url(REDIS_URL) as admin:
         users = await admin.execute_command("ACL", "USERS")
-        assert {u.decode() for u in users if u.decode().startswith(f"{namespace}.")} == {f"{namespace}.tool-executor"}
+        assert {u.decode() for u in users if u.decode().startswith(f"{namespace}.")} == {
+            f"{namespace}.tool-executor",
+            f"{namespace}.gateway",
+        }
+    # The gateway's user reaches only its own keys, not the executor's leases.
+    async with Redis.from_url(settings.redis_login("gateway")) as gateway:
+        await gateway.set(f"{namespace}:gateway:probe", "1")
+        with pytest.raises(NoPermissionError):
+            await gateway.set(f"{namespace}:lease:call_1", "gateway")
     await deployment.cleanup()
     async with Redis.from_url(REDIS_URL) as admin:
         users = await admin.execute_command("ACL", "USERS")
