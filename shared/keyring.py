@@ -24,7 +24,6 @@ import logging
 import os
 import pwd
 import secrets
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,15 +206,21 @@ def hand_out(keys_dir: Path, service: str, folder: Path) -> list[Path]:
         if not source.exists():
             continue
         target = folder / name
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        partial.unlink(missing_ok=True)
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as handle, open(source, "rb") as original:
-            shutil.copyfileobj(original, handle)
-        partial.replace(target)
+        replace_private(target, source.read_bytes())
         written.append(target)
     return written
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """Write `path` whole, readable by its owner alone (0600, in a 0700 folder): a
+    reader sees the old file or the new one, never a part, and never a moment at a wider mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    partial.replace(path)
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -5,11 +5,12 @@ users.register_channel reads the names to register `bot:NAME` for the gateway's 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from shared import keyring
 
 # A program's principal: never a person (people's names hold no `:`), never `token:` (the ledger's).
 PREFIX = "bot:"
@@ -56,13 +57,7 @@ class Tokens:
                 for p in self.programs.values()
             }
         }
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.unlink(missing_ok=True)
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(yaml.safe_dump(data, sort_keys=True))
-        partial.replace(self.path)
+        keyring.replace_private(self.path, yaml.safe_dump(data, sort_keys=True).encode())
 
     def by_hash(self) -> dict[str, Program]:
         return {p.token_hash: p for p in self.programs.values()}

@@ -67,13 +67,7 @@ class Users:
                 for u in self.users.values()
             }
         }
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.unlink(missing_ok=True)
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(yaml.safe_dump(data, sort_keys=True))
-        partial.replace(self.path)
+        keyring.replace_private(self.path, yaml.safe_dump(data, sort_keys=True).encode())
 
     def verify(self, name: str, password: str) -> User | None:
         """The user, if the password is theirs; None otherwise (the same work either way)."""
