@@ -22,11 +22,11 @@ MUTATIONS = [
    "            body = delivery.body.encode()\n",
    "            async with self.sessions() as db, db.begin():\n                await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(delivered_at=now()))\n            body = delivery.body.encode()\n",
    "tests/crash/test_crash_windows.py::test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id_answerable"),
-  ("outbox committed apart from state (publish before commit)", "services/approval_ledger/unit_of_work.py",
-   "    async def commit(self) -> None:\n        await self.flush(final=True)",
-   "    async def commit(self) -> None:\n        if self._outbox:\n            async with self._engine.begin() as side:\n                await side.execute(_INSERT[OUTBOX], self._outbox)\n            self._outbox = []\n        await self.flush(final=True)",
+  ("outbox committed apart from state (publish before commit)", "services/approval_ledger/store_postgres.py",
+   "    async def _apply(self, writes: Writes, notify: bool) -> None:\n",
+   "    async def _apply(self, writes: Writes, notify: bool) -> None:\n        if writes.outbox:\n            async with self._engine.begin() as side:\n                await side.execute(TABLES[\"outbox\"].insert(), writes.outbox)\n            writes.outbox = []\n",
    "tests/crash/test_crash_windows.py::test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mints_the_only_request"),
-  ("no inbox", "services/approval_ledger/unit_of_work.py",
+  ("no inbox", "services/approval_ledger/store_sql.py",
    "        if inserted.rowcount == 0:\n            raise Duplicate(message.message_id)",
    "        if False:\n            raise Duplicate(message.message_id)",
    "tests/crash/test_crash_windows.py::test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op tests/crash/test_crash_windows.py::test_redis_flushed_at_every_step_changes_nothing_but_speed tests/integration/test_bad_input_and_redelivery.py::test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed"),
@@ -82,7 +82,7 @@ MUTATIONS = [
    "            if False:",
    "tests/integration/test_supervisor.py::test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_response_is_applied_once"),
   ("responses accepted unsigned (no channel authentication)", "services/approval_ledger/handlers.py",
-   "    refused = domain.authenticate_response(response, authority.channels, at=uow.now, window=authority.response_window)\n",
+   "    refused = domain.authenticate_response(response, authority.channels, at=store.now, window=authority.response_window)\n",
    "    refused = None\n",
    "tests/integration/test_trust.py::test_forged_stale_replayed_and_unauthorized_responses_are_refused_and_a_signed_one_counts_once"),
   ("the executor trusts any authorization the ledger's key sealed (no check against the ledger's rows)",
@@ -115,7 +115,7 @@ MUTATIONS = [
    "            asyncio.sleep(0),",
    "tests/integration/test_lifetimes.py tests/crash/test_crash_windows.py::test_an_expiry_sweep_killed_half_way_closes_each_request_once_after_the_restart"),
   ("a cancelled call's claim is not held back from the executor", "services/approval_ledger/handlers.py",
-   '        claim = await records.hold_back(uow, call) if call.status == "executing" else None',
+   '        claim = await store.hold_back(call) if call.status == "executing" else None',
    '        claim = None',
    "tests/integration/test_lifetimes.py::test_a_call_cancelled_before_the_executor_took_it_never_runs "
    "tests/integration/test_lifetimes.py::test_cancelling_while_an_outward_call_runs_closes_it_as_outcome_unknown_and_tells_an_operator"),
@@ -132,7 +132,7 @@ MUTATIONS = [
    "    pass",
    "tests/integration/test_lifetimes.py::test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session"),
   ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/handlers.py",
-   "        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now, escalated_to=escalated_to)",
+   '        store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)',
    "        pass",
    "tests/integration/test_lifetimes.py::test_an_unanswered_request_is_escalated_once_and_the_escalation_group_may_then_approve"),
   ("no retention sweep: sent outbox and old inbox rows are kept forever", "services/approval_ledger/main.py",
@@ -162,7 +162,7 @@ MUTATIONS = [
    'TRANSCRIPT.c.position <= bindparam("upto")',
    'TRANSCRIPT.c.position >= 0, bindparam("upto") >= 0',
    "tests/integration/test_bounded_messages.py::test_a_step_reads_exactly_the_transcript_prefix_it_names_and_refuses_any_other"),
-  ("a NUL in a service's text reaches PostgreSQL's text as it is", "services/approval_ledger/unit_of_work.py",
+  ("a NUL in a service's text reaches PostgreSQL's text as it is", "services/approval_ledger/store.py",
    '    if isinstance(value, str) and "\\x00" in value:',
    "    if False:",
    "tests/integration/test_bounded_messages.py::test_service_text_with_a_nul_is_recorded_with_a_replacement_character_instead_of_failing[postgres]"),
@@ -182,7 +182,7 @@ MUTATIONS = [
    "    identity = user[len(topology.namespace) + 1 :]\n",
    '    identity = f"channel.{settings.channel}"\n',
    "tests/integration/test_command_line.py::test_a_replayed_model_step_report_reaches_the_ledger_as_the_model_steps_own"),
-  ("rollback publishes", "services/approval_ledger/unit_of_work.py",
+  ("rollback publishes", "services/approval_ledger/store_sql.py",
    "        await self.db.rollback()\n        await self.db.close()",
    "        await self.db.commit()\n        await self.db.close()",
    "tests/integration/test_publisher.py::test_the_publisher_sends_nothing_that_was_not_committed"),
@@ -297,10 +297,11 @@ MUTATIONS = [
    "pg_snapshot_xmin(pg_current_snapshot())",
    "pg_snapshot_xmax(pg_current_snapshot())",
    "tests/integration/test_audit_log.py::test_entries_of_a_transaction_held_open_while_later_ones_are_linked_join_the_global_chain_after_it"),
-  ("audit entries committed apart from their transition (before it)", "services/approval_ledger/unit_of_work.py",
-   "    async def commit(self) -> None:\n        await self.flush(final=True)",
-   "    async def commit(self) -> None:\n        if self._audit:\n            async with self._engine.begin() as side:\n"
-   "                await side.execute(_INSERT[AUDIT], self._audit)\n            self._audit = []\n        await self.flush(final=True)",
+  ("audit entries committed apart from their transition (before it)", "services/approval_ledger/store_postgres.py",
+   "    async def _apply(self, writes: Writes, notify: bool) -> None:\n",
+   "    async def _apply(self, writes: Writes, notify: bool) -> None:\n        if writes.audit:\n"
+   "            async with self._engine.begin() as side:\n"
+   "                await side.execute(TABLES[\"audit_log\"].insert(), writes.audit)\n            writes.audit = []\n",
    "tests/crash/test_audit_log_crash.py"),
   ("the ledger's role owns the schema, so it may drop the audit log", "shared/provisioning.py",
    "            if owner == ledger:  # made by an earlier setup\n"
@@ -323,7 +324,7 @@ MUTATIONS = [
    "                pass",
    "tests/integration/test_queue_types.py::"
    "test_on_classic_queues_a_message_that_fails_on_every_delivery_is_parked_at_the_delivery_limit"),
-  ("a duplicate turn in a group commit leaves the session it would open behind", "services/approval_ledger/unit_of_work.py",
+  ("a duplicate turn in a group commit leaves the session it would open behind", "services/approval_ledger/store_postgres.py",
    '        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"',
    '        " ON CONFLICT (id) DO NOTHING)"',
    "tests/integration/test_group_commit.py::"
@@ -581,8 +582,8 @@ MUTATIONS = [
    "tests/integration/test_turn_outcomes_and_escalations.py::"
    "test_a_turn_the_provider_failed_says_its_code_and_the_providers_words_in_session_show_and_audit_show[sqlite]"),
   ("an escalation is neither kept with its addressees nor counted", "services/approval_ledger/handlers.py",
-   "escalated_at=uow.now, escalated_to=escalated_to)\n        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)\n",
-   "escalated_at=uow.now)\n",
+   "escalated_at=store.now, escalated_to=escalated_to)\n        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)\n",
+   "escalated_at=store.now)\n",
    "tests/integration/test_turn_outcomes_and_escalations.py::"
    "test_an_escalated_request_says_when_and_to_whom_in_pending_and_session_show_and_is_counted_once[postgres]"),
   # Issue 19, hole 4: python tools never run as the executor's user (the tool launcher).

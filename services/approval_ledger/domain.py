@@ -1,8 +1,9 @@
 """Every rule of the ledger, as pure functions over typed values: no I/O, no
 clock, no randomness.
 
-A handler loads what it needs (`reads`), asks these functions what follows, and
-records the answer in one unit of work (`records`). Where a rule lives is
+A handler loads what it needs through its store (the port, `store.py`), asks
+these functions what follows, and records the answer through the same store
+(`records`). Where a rule lives is
 listed in docs/design.md, "Where each rule lives".
 """
 
@@ -172,6 +173,36 @@ def judge_key_channel(key_id: str | None, channel_name: str | None) -> Refusal |
 
 
 # --- turns ------------------------------------------------------------------------
+
+
+def provider_of_new_session(is_turn: bool, refused: Refusal | None, named: str | None, default: str) -> str | None:
+    """The provider of the session a message may open: a turn may open its session; no
+    other message, nor a refused turn, may (None)."""
+    if not is_turn or refused is not None:
+        return None
+    return named or default
+
+
+PROVIDER_FAILED = "provider_failed"
+
+
+def provider_failure(error: str | None) -> tuple[str, str] | None:
+    """A model step the provider failed (an error reported) fails its turn: the
+    reason's code and text; None: the step has an answer."""
+    return None if error is None else (PROVIDER_FAILED, error)
+
+
+def may_escalate(request: RequestOnRecord | None, spec: ToolSpec | None) -> bool:
+    """A request is escalated once, and only while it is pending and its tool names an
+    escalation group (and the request has its card to show them)."""
+    if request is None or request.status != "pending" or request.escalated:
+        return False
+    return spec is not None and spec.escalation is not None and request.card is not None
+
+
+def may_expire(request: RequestOnRecord | None, at: datetime) -> bool:
+    """A request closes as expired once: while pending, once its deadline passed."""
+    return request is not None and request.status == "pending" and has_expired(request, at)
 
 
 def refuse_turn(session_status: str) -> Refusal | None:
@@ -672,6 +703,12 @@ class ClaimOnRecord:
 
 
 CANCELLED_BEFORE_RUNNING = "cancelled before it ran"
+
+
+def effect_of(spec: ToolSpec | None) -> str:
+    """A tool's effect; a tool no longer in the catalogue counts as outward (the
+    cautious answer: whether a running call of it happened is unknown)."""
+    return spec.effect if spec is not None else "outward"
 
 
 def cancellation_closure(

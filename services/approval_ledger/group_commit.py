@@ -35,7 +35,7 @@ from shared.messages import Envelope
 from shared.observability import LEDGER_TRANSACTION, counting_on_commit
 
 from .handlers import Ledger
-from .unit_of_work import Duplicate
+from .store import Duplicate
 
 log = logging.getLogger("signoff.ledger")
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared import faults
 from shared.audit import digest_of
@@ -52,23 +51,24 @@ from shared.observability import (
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
-from . import domain, reads, records
+from . import domain, records
 from .authority import Authority
-from .unit_of_work import Duplicate, SessionState, UnitOfWork
+from .store import NO_OPEN_TURN, Duplicate, LedgerStore, SessionState, StepCalls
 
 log = logging.getLogger("signoff.ledger")
 
 
 @dataclass
 class Ledger:
-    engine: AsyncEngine
+    # Opens one transaction on the ledger's store (the port, `store.py`): a database's
+    # (`store_sql.database_store`), or a memory database's in the handlers' unit tests.
+    open_store: Callable[[], LedgerStore]
     topology: Topology
     catalogue: ToolCatalogue
     authority: Authority
     default_provider: str
     # With broker identities, a message counts only from the service or channel that may send it.
     check_senders: bool
-    notify_channel: str | None = None
     # Seconds a request waits for a decision unless its tool says otherwise.
     approval_timeout: float = 24 * 3600.0
     # How much of a tool's result the model reads (the closure keeps all of it).
@@ -78,8 +78,8 @@ class Ledger:
     # This ledger process's run, recorded on each request it commits (provenance).
     run_id: str = field(default_factory=lambda: mint("run"))
 
-    def unit_of_work(self) -> UnitOfWork:
-        return UnitOfWork(self.engine, self.topology, self.notify_channel)
+    def unit_of_work(self) -> LedgerStore:
+        return self.open_store()
 
 
 def transition(handler):
@@ -87,23 +87,22 @@ def transition(handler):
     the inbox (a duplicate ends here, silently), refuse it if its sender may not
     send it, else apply; commit state and outbox.
 
-    `apply.within(ledger, uow, message)` is the same transition on a unit of work
+    `apply.within(ledger, store, message)` is the same transition on a unit of work
     that is already open and that the caller commits: a group commit applies
     several that way in one transaction (`group_commit.py`). It raises Duplicate."""
 
-    async def within(ledger: Ledger, uow: UnitOfWork, message: Envelope) -> None:
+    async def within(ledger: Ledger, store: LedgerStore, message: Envelope) -> None:
         refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
         refused = refused or _unspoken_for(ledger, message)
-        # A turn may open a session; no other message, nor a refused turn, may.
-        provider = None
-        if isinstance(message, StartTurn) and refused is None:
-            provider = message.provider or ledger.default_provider
-        session = await uow.receive_and_lock(message, create_with_provider=provider)
+        is_turn = isinstance(message, StartTurn)
+        named = message.provider if isinstance(message, StartTurn) else None
+        provider = domain.provider_of_new_session(is_turn, refused, named, ledger.default_provider)
+        session = await store.receive_and_lock(message, create_with_provider=provider)
         if refused:
-            records.refusal(uow, session, message, refused)
+            records.refusal(store, session, message, refused)
         else:
-            await handler(ledger, uow, session, message)
-        if message.message_id not in uow.rejected:
+            await handler(ledger, store, session, message)
+        if message.message_id not in store.rejected:
             # One line per transition at INFO, once it is durable (a refusal logs its own).
             when_committed(
                 functools.partial(
@@ -120,10 +119,10 @@ def transition(handler):
     async def apply(ledger: Ledger, message: Envelope) -> None:
         # Counts implied by the transition move only once it commits (shared/observability.py).
         with counting_on_commit() as committed, timed(LEDGER_TRANSACTION.labels(message.type)):
-            async with ledger.unit_of_work() as uow:
+            async with ledger.unit_of_work() as store:
                 try:
-                    await within(ledger, uow, message)
-                    await uow.commit()
+                    await within(ledger, store, message)
+                    await store.commit()
                 except Duplicate:
                     return
             committed()
@@ -154,14 +153,14 @@ def _sending_channel(ledger: Ledger) -> str | None:
 
 
 @transition
-async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | None, command: StartTurn) -> None:
+async def start_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: StartTurn) -> None:
     assert session is not None, "a turn opens its session"
     refused = domain.refuse_turn(session.status)
     if refused:
-        records.refusal(uow, session, command, refused)
+        records.refusal(store, session, command, refused)
         return
-    turn_id = records.new_turn(uow, session, command.started_by)
-    uow.audit(
+    turn_id = records.new_turn(store, session, command.started_by)
+    store.audit(
         session,
         session.id,
         "turn.started",
@@ -170,58 +169,60 @@ async def start_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | No
         message_id=command.message_id,
         text_digest=digest_of(command.text),
     )
-    records.session_starter(uow, session, domain.session_starter(session.started_by, command.started_by))
-    records.append(uow, session, TranscriptEntry(role="user", text=command.text))
-    session.updated_at = uow.now
-    await records.step_request(uow, session, turn_id, ledger.catalogue, command)
+    records.session_starter(store, session, domain.session_starter(session.started_by, command.started_by))
+    records.append(store, session, TranscriptEntry(role="user", text=command.text))
+    session.updated_at = store.now
+    await records.step_request(store, session, turn_id, ledger.catalogue, command)
 
 
 @transition
 async def model_step_completed(
-    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, report: ModelStepCompleted
+    ledger: Ledger, store: LedgerStore, session: SessionState | None, report: ModelStepCompleted
 ) -> None:
-    loaded = await reads.step(uow, report.step_id, report.session_id)
+    loaded = await store.step(report.step_id, report.session_id)
     judged = domain.judge_step_report(loaded.step if session else None, report.session_id, report.attempts)
     if judged.refusal:
-        records.refusal(uow, session, report, judged.refusal)
+        records.refusal(store, session, report, judged.refusal)
         return
     assert session is not None and loaded.step is not None
     step = loaded.step
-    records.attempts(uow, step, report.message_id, judged.attempts)
+    records.attempts(store, step, report.message_id, judged.attempts)
     if judged.verdict == "duplicate":
         log.info("discarded a second report for step %s", step.id)
         return
-    uow.update(records.STEPS, step.id, status="completed", completed_at=uow.now)
-    session.updated_at = uow.now
-    if report.error is not None:
+    store.update("steps", step.id, status="completed", completed_at=store.now)
+    session.updated_at = store.now
+    failure = domain.provider_failure(report.error)
+    if failure is not None:
+        code, text = failure
         failed = TurnFailed(
             session_id=session.id,
             causation_id=report.message_id,
             turn_id=step.turn_id,
-            reason_code="provider_failed",
-            reason_text=report.error,
+            reason_code=code,
+            reason_text=text,
         )
-        records.end_turn(uow, session, failed)
+        records.end_turn(store, session, failed)
         return
     calls = [_new_call(session, step, proposed) for proposed in report.tool_calls]
-    records.assistant_entry(uow, session, report.text, calls, ledger.catalogue)
+    records.assistant_entry(store, session, report.text, calls, ledger.catalogue)
     if not calls:
         completed = TurnCompleted(
             session_id=session.id, causation_id=report.message_id, turn_id=step.turn_id, text=report.text
         )
-        records.end_turn(uow, session, completed)
+        records.end_turn(store, session, completed)
         return
-    earlier = await reads.pending_request_ids(uow, session.id) if loaded.session_waits else []
-    pending = await _plan_and_record_calls(ledger, uow, session, calls, earlier, report)
+    earlier = await store.pending_request_ids(session.id) if loaded.session_waits else []
+    pending = await _plan_and_record_calls(ledger, store, session, calls, earlier, report)
     resumed = domain.resume(calls, session_waits=bool(pending), output_limit=ledger.tool_output_model_chars)
     await _resume(
-        ledger, uow, session, step.turn_id, resumed, report, last_words=report.text, spent_now=judged.attempts
+        ledger, store, session, step.turn_id, resumed, report, last_words=report.text, spent_now=judged.attempts
     )
 
 
 async def _resume(
     ledger: Ledger,
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     turn_id: str,
     resumed: domain.Resumption,
@@ -235,7 +236,7 @@ async def _resume(
     is told, and the provider is not called again. `spent_now`: the provider attempts
     this transition records (not yet in the rows it reads)."""
     if resumed.entries is not None and (ledger.turn_bounds.steps or ledger.turn_bounds.tokens):
-        stored = await reads.turn_spend(uow, session.id, turn_id)
+        stored = await store.turn_spend(session.id, turn_id)
         spent = domain.TurnSpend(
             stored.steps,
             stored.provider_calls + len(spent_now),
@@ -244,14 +245,14 @@ async def _resume(
         reached = domain.turn_bound_reached(ledger.turn_bounds, spent, last_words)
         if reached is not None:
             for entry in resumed.entries:
-                records.append(uow, session, entry)
-            _end_bounded_turn(uow, session, turn_id, reached, cause)
+                records.append(store, session, entry)
+            _end_bounded_turn(store, session, turn_id, reached, cause)
             return
-    await records.resumption(uow, session, turn_id, resumed, ledger.catalogue, cause)
+    await records.resumption(store, session, turn_id, resumed, ledger.catalogue, cause)
 
 
 def _end_bounded_turn(
-    uow: UnitOfWork, session: SessionState, turn_id: str, reached: domain.BoundReached, cause: Envelope | None
+    store: LedgerStore, session: SessionState, turn_id: str, reached: domain.BoundReached, cause: Envelope | None
 ) -> None:
     failed = TurnFailed(
         session_id=session.id,
@@ -260,8 +261,8 @@ def _end_bounded_turn(
         reason_code=domain.STEP_LIMIT,
         reason_text=reached.text,
     )
-    records.end_turn(uow, session, failed)
-    records.alert(uow, session, None, domain.STEP_LIMIT, reached.text, cause, turn_id=turn_id)
+    records.end_turn(store, session, failed)
+    records.alert(store, session, None, domain.STEP_LIMIT, reached.text, cause, turn_id=turn_id)
     when_committed(TURNS_BOUNDED.labels(reached.bound).inc)
     log.warning("turn %s of session %s ended at its bound: %s", turn_id, session.id, reached.bound)
 
@@ -282,7 +283,7 @@ def _new_call(session: SessionState, step: domain.Step, proposed: ProposedToolCa
 
 async def _plan_and_record_calls(
     ledger: Ledger,
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     calls: list[domain.Call],
     earlier: list[str],
@@ -298,7 +299,7 @@ async def _plan_and_record_calls(
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
     for position, (plan, call) in enumerate(zip(plans, calls, strict=True)):
-        uow.audit(
+        store.audit(
             session,
             session.id,
             "call.proposed",
@@ -314,7 +315,7 @@ async def _plan_and_record_calls(
         )
         if plan.action == "close":
             closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
-            records.closure(uow, session, call, closed, cause, stored=False)
+            records.closure(store, session, call, closed, cause, stored=False)
         elif plan.action == "ask":
             assert plan.spec is not None
             call.status = "awaiting_approval"
@@ -322,7 +323,7 @@ async def _plan_and_record_calls(
             digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
             card = plan.spec.card(call.arguments)
             records.approval_request(
-                uow,
+                store,
                 session,
                 call,
                 request_id,
@@ -331,29 +332,29 @@ async def _plan_and_record_calls(
                 pending,
                 cause,
                 approvals_required=plan.spec.approvals_required,
-                expires_at=domain.deadline(uow.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
-                escalate_at=domain.escalation_time(uow.now, plan.spec),
+                expires_at=domain.deadline(store.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
+                escalate_at=domain.escalation_time(store.now, plan.spec),
                 attempt=domain.producing_attempt(cause.attempts),
                 run_id=ledger.run_id,
                 call_seal=ledger.authority.seal_request(request_id, call.id, session.id, call.tool, call.arguments),
             )
         else:
-            records.execution(uow, session, call, cause, ledger.authority, request_id=None, stored=False)
-        records.new_call(uow, call, position, arguments_fingerprint(call.arguments))
+            records.execution(store, session, call, cause, ledger.authority, request_id=None, stored=False)
+        records.new_call(store, call, position, arguments_fingerprint(call.arguments))
     return pending
 
 
 @transition
 async def respond_to_approval(
-    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, response: RespondToApproval
+    ledger: Ledger, store: LedgerStore, session: SessionState | None, response: RespondToApproval
 ) -> None:
     authority = ledger.authority
-    refused = domain.authenticate_response(response, authority.channels, at=uow.now, window=authority.response_window)
+    refused = domain.authenticate_response(response, authority.channels, at=store.now, window=authority.response_window)
     if ledger.check_senders:
         refused = refused or domain.judge_key_channel(response.key_id, _sending_channel(ledger))
-    refused = refused or (domain.REPLAYED if await reads.response_used(uow, response.response_id) else None)
-    request, step = await reads.request_and_calls(uow, response.request_id, response.session_id, response.responder)
-    refused = refused or domain.judge_response(request if session else None, response, at=uow.now)
+    refused = refused or (domain.REPLAYED if await store.response_used(response.response_id) else None)
+    request, step = await store.request_and_calls(response.request_id, response.session_id, response.responder)
+    refused = refused or domain.judge_response(request if session else None, response, at=store.now)
     policy = (
         domain.approval_policy(ledger.catalogue, request.tool, escalated=request.escalated)
         if request
@@ -361,24 +362,24 @@ async def respond_to_approval(
     )
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
     if refused:
-        records.refusal(uow, session, response, refused)
+        records.refusal(store, session, response, refused)
         return
     assert session is not None and request is not None
     if response.decision == "approve":
         altered = _judge_arguments_on_record(ledger, request, step, response)
         if altered:
-            await _close_altered(ledger, uow, session, request, step, response, altered)
+            await _close_altered(ledger, store, session, request, step, response, altered)
             return
     counted = domain.tally(policy, request, response.decision)
-    records.accepted(uow, session, request, response, counted)
+    records.accepted(store, session, request, response, counted)
     if not counted.decides:
-        records.approval_counted(uow, session, request, response, counted)
+        records.approval_counted(store, session, request, response, counted)
         return
-    await _decide(ledger, uow, session, request, step, response)
+    await _decide(ledger, store, session, request, step, response)
 
 
 def _judge_arguments_on_record(
-    ledger: Ledger, request: domain.RequestOnRecord, step: reads.StepCalls, response: RespondToApproval
+    ledger: Ledger, request: domain.RequestOnRecord, step: StepCalls, response: RespondToApproval
 ) -> domain.Refusal | None:
     """The request's digest recomputed from the call's row as it stands (what an approval
     would seal and run), against the digest the person approved (invariant 6)."""
@@ -392,10 +393,10 @@ def _judge_arguments_on_record(
 
 async def _close_altered(
     ledger: Ledger,
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     request: domain.RequestOnRecord,
-    step: reads.StepCalls,
+    step: StepCalls,
     response: RespondToApproval,
     refused: domain.Refusal,
 ) -> None:
@@ -405,37 +406,38 @@ async def _close_altered(
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     log.error("call %s: its arguments on record differ from the ones approved in %s", call.id, request.id)
-    records.refusal(uow, session, response, refused)
-    uow.update(records.APPROVAL_REQUESTS, request.id, status="altered")
+    records.refusal(store, session, response, refused)
+    store.update("approval_requests", request.id, status="altered")
     when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "altered").inc)
     closed = domain.closure_of_altered()
-    records.closure(uow, session, call, closed, response)
-    records.alert(uow, session, call, refused.reason_code, refused.reason_text, response)
-    session.updated_at = uow.now
+    records.closure(store, session, call, closed, response)
+    records.alert(store, session, call, refused.reason_code, refused.reason_text, response)
+    session.updated_at = store.now
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, uow, session, call.turn_id, resumed, response)
+    await _resume(ledger, store, session, call.turn_id, resumed, response)
 
 
 async def _decide(
     ledger: Ledger,
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     request: domain.RequestOnRecord,
-    step: reads.StepCalls,
+    step: StepCalls,
     response: RespondToApproval,
 ) -> None:
     """The request is decided by this response: an approval runs the call, a denial
     closes it; then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
-    uow.update(records.APPROVAL_REQUESTS, request.id, status=domain.request_status_after(response.decision))
+    store.update("approval_requests", request.id, status=domain.request_status_after(response.decision))
     tool = tool_label(request.tool)
     when_committed(APPROVAL_OUTCOMES.labels(tool, domain.request_status_after(response.decision)).inc)
     if request.created_at is not None:
-        when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, _seconds(request.created_at, uow.now)))
-    records.decision(uow, session, request, response)
+        waited = _seconds(request.created_at, store.now)
+        when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, waited))
+    records.decision(store, session, request, response)
     call.note = domain.note_of(response)
-    uow.emit(
+    store.emit(
         session,
         ApprovalDecided(
             session_id=session.id,
@@ -447,22 +449,22 @@ async def _decide(
             responder=response.responder,
         ),
     )
-    session.updated_at = uow.now
+    session.updated_at = store.now
     if response.decision == "approve":
-        records.execution(uow, session, call, response, ledger.authority, request_id=request.id)
+        records.execution(store, session, call, response, ledger.authority, request_id=request.id)
     else:
-        records.closure(uow, session, call, domain.closure_of_denial(response.reason), response)
+        records.closure(store, session, call, domain.closure_of_denial(response.reason), response)
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, uow, session, call.turn_id, resumed, response)
+    await _resume(ledger, store, session, call.turn_id, resumed, response)
 
 
 @transition
-async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState | None, report: ToolExecuted) -> None:
-    step = await reads.call_and_siblings(uow, report.call_id, report.session_id)
+async def tool_executed(ledger: Ledger, store: LedgerStore, session: SessionState | None, report: ToolExecuted) -> None:
+    step = await store.call_and_siblings(report.call_id, report.session_id)
     call = step.find(report.call_id)
     verdict = domain.judge_tool_report(call if session else None, report.session_id)
     if verdict == "unknown":
-        records.refusal(uow, session, report, domain.UNKNOWN_CALL)
+        records.refusal(store, session, report, domain.UNKNOWN_CALL)
         return
     assert session is not None and call is not None
     if verdict == "stale":
@@ -472,21 +474,21 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         return
     # The result is the one the executor recorded in its claim, taken under the ledger's
     # own authorization of this call: the report only says it is there (and may be forged).
-    claim = await reads.claim(uow, call.id)
+    claim = await store.claim(call.id)
     sealed = claim is not None and ledger.authority.sealed_claim(
         claim.authorization, call_id=call.id, session_id=call.session_id, tool=call.tool, arguments=call.arguments
     )
     refused = domain.judge_claim(claim, sealed=sealed)
     if refused:
         log.warning("refused a report for call %s: %s", call.id, refused.reason_code)
-        records.refusal(uow, session, report, refused)
+        records.refusal(store, session, report, refused)
         records.alert(
-            uow, session, call, refused.reason_code, f"A tool.completed was refused: {refused.reason_text}", report
+            store, session, call, refused.reason_code, f"A tool.completed was refused: {refused.reason_text}", report
         )
         return
     assert claim is not None
     closed = domain.closure_of_claim(claim)
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "execution.claimed",
@@ -496,7 +498,7 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         attempt=claim.attempts,
         claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
     )
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "execution.finished",
@@ -507,22 +509,22 @@ async def tool_executed(ledger: Ledger, uow: UnitOfWork, session: SessionState |
         output_digest=None if closed.output is None else digest_of(closed.output),
         error_digest=None if closed.kind == "output" or closed.reason_text is None else digest_of(closed.reason_text),
     )
-    records.closure(uow, session, call, closed, report)
+    records.closure(store, session, call, closed, report)
     if domain.needs_operator(closed):
-        records.operator_alert(uow, session, call, closed, report)
-    session.updated_at = uow.now
+        records.operator_alert(store, session, call, closed, report)
+    session.updated_at = store.now
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, uow, session, call.turn_id, resumed, report)
+    await _resume(ledger, store, session, call.turn_id, resumed, report)
 
 
 @transition
 async def execution_refused(
-    ledger: Ledger, uow: UnitOfWork, session: SessionState | None, refusal: RefuseExecution
+    ledger: Ledger, store: LedgerStore, session: SessionState | None, refusal: RefuseExecution
 ) -> None:
     """The executor refused a `tool.execute` it could not verify: nothing ran, and
     only a person can tell whether someone is forging commands."""
     log.warning("the executor refused call %s: %s", refusal.call_id, refusal.reason_code)
-    uow.audit(
+    store.audit(
         session,
         refusal.session_id,
         "execution.refused",
@@ -533,7 +535,7 @@ async def execution_refused(
         reason_code=refusal.reason_code,
         reason_digest=digest_of(refusal.reason_text),
     )
-    uow.emit(
+    store.emit(
         session,
         OperatorAlerted(
             session_id=refusal.session_id,
@@ -559,31 +561,29 @@ async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bo
 
 
 async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
-    async with ledger.unit_of_work() as uow:
-        session = await uow.lock_session(session_id)
-        request, step = await reads.request_and_calls(uow, request_id, session_id, responder="")
-        if session is None or request is None or request.status != "pending":
-            return False
-        if not domain.has_expired(request, uow.now):
+    async with ledger.unit_of_work() as store:
+        session = await store.lock_session(session_id)
+        request, step = await store.request_and_calls(request_id, session_id, responder="")
+        if session is None or request is None or not domain.may_expire(request, store.now):
             return False
         call = step.find(request.call_id)
         assert call is not None, f"request {request.id} without its call"
-        uow.update(records.APPROVAL_REQUESTS, request.id, status="expired")
+        store.update("approval_requests", request.id, status="expired")
         when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "expired").inc)
         assert request.expires_at is not None
-        uow.emit(
+        store.emit(
             session,
             ApprovalExpired(
                 session_id=session.id, request_id=request.id, call_id=call.id, expired_at=request.expires_at
             ),
         )
-        records.closure(uow, session, call, domain.closure_of_expiry(request), None)
-        session.updated_at = uow.now
+        records.closure(store, session, call, domain.closure_of_expiry(request), None)
+        session.updated_at = store.now
         resumed = domain.resume(
             step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars
         )
-        await _resume(ledger, uow, session, call.turn_id, resumed, None)
-        await uow.commit()
+        await _resume(ledger, store, session, call.turn_id, resumed, None)
+        await store.commit()
         return True
 
 
@@ -600,19 +600,18 @@ async def escalate_request(ledger: Ledger, request_id: str, session_id: str) -> 
 
 
 async def _escalate_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
-    async with ledger.unit_of_work() as uow:
-        session = await uow.lock_session(session_id)
-        request, _ = await reads.request_and_calls(uow, request_id, session_id, responder="")
+    async with ledger.unit_of_work() as store:
+        session = await store.lock_session(session_id)
+        request, _ = await store.request_and_calls(request_id, session_id, responder="")
         spec = ledger.catalogue.get(request.tool) if request else None
-        if session is None or request is None or request.status != "pending" or request.escalated:
+        if session is None or not domain.may_escalate(request, spec):
             return False
-        if spec is None or spec.escalation is None or request.card is None:
-            return False
+        assert request is not None and spec is not None and spec.escalation is not None
         escalated_to = sorted(ledger.catalogue.principals(spec.escalation.to))
-        uow.update(records.APPROVAL_REQUESTS, request.id, escalated_at=uow.now, escalated_to=escalated_to)
+        store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)
         when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)
-        uow.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
-        uow.emit(
+        store.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
+        store.emit(
             session,
             ApprovalEscalated(
                 session_id=session.id,
@@ -623,7 +622,7 @@ async def _escalate_request(ledger: Ledger, request_id: str, session_id: str) ->
                 escalated_to=escalated_to,
             ),
         )
-        await uow.commit()
+        await store.commit()
         return True
 
 
@@ -632,9 +631,9 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
     request past its deadline. Any ledger replica may run it."""
     while True:
         try:
-            async with ledger.unit_of_work() as uow:
-                escalations = await reads.due_escalations(uow, uow.now)
-                due = await reads.due_requests(uow, uow.now)
+            async with ledger.unit_of_work() as store:
+                escalations = await store.due_escalations(store.now)
+                due = await store.due_requests(store.now)
             for request_id, session_id in escalations:
                 if await escalate_request(ledger, request_id, session_id):
                     log.info("request %s escalated", request_id)
@@ -649,24 +648,24 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
 
 
 @transition
-async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | None, command: CancelTurn) -> None:
+async def cancel_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: CancelTurn) -> None:
     """Stop the open turn: every open call closes honestly (`cancellation_closure`),
     its closures are written for the model's next turn, a model step still running
     is discarded when it reports, and the session says `cancelled` until a new turn."""
-    turn_id, step, calls = await reads.open_turn(uow, command.session_id) if session else (None, None, [])
+    turn_id, step, calls = await store.open_turn(command.session_id) if session else NO_OPEN_TURN
     refused = domain.refuse_cancellation(turn_id, command.turn_id, session_exists=session is not None)
     if refused is None and session is not None and turn_id is not None:
-        starters = frozenset(s for s in (session.started_by, await reads.turn_starter(uow, turn_id)) if s)
+        starters = frozenset(s for s in (session.started_by, await store.turn_starter(turn_id)) if s)
         pending = [
             domain.approval_policy(ledger.catalogue, tool, escalated=escalated)
-            for tool, escalated in await reads.pending_tools(uow, session.id)
+            for tool, escalated in await store.pending_tools(session.id)
         ]
         refused = domain.judge_canceller(command.cancelled_by, starters, pending, domain.operators(ledger.catalogue))
     if refused:
-        records.refusal(uow, session, command, refused)
+        records.refusal(store, session, command, refused)
         return
     assert session is not None and turn_id is not None
-    await _close_open_turn(ledger, uow, session, step, calls, command, by=command.cancelled_by, reason=command.reason)
+    await _close_open_turn(ledger, store, session, step, calls, command, by=command.cancelled_by, reason=command.reason)
     cancelled = TurnCancelled(
         session_id=session.id,
         causation_id=command.message_id,
@@ -674,12 +673,12 @@ async def cancel_turn(ledger: Ledger, uow: UnitOfWork, session: SessionState | N
         cancelled_by=command.cancelled_by,
         reason=command.reason,
     )
-    records.end_turn(uow, session, cancelled)
+    records.end_turn(store, session, cancelled)
 
 
 async def _close_open_turn(
     ledger: Ledger,
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     step: domain.Step | None,
     calls: list[domain.Call],
@@ -693,18 +692,18 @@ async def _close_open_turn(
     still running is discarded when it reports."""
     for call in (c for c in calls if c.status != "closed"):
         if call.status == "awaiting_approval":
-            await records.withdraw_request(uow, call)
-        claim = await records.hold_back(uow, call) if call.status == "executing" else None
-        spec = ledger.catalogue.get(call.tool)
-        closed = domain.cancellation_closure(call, claim, spec.effect if spec else "outward", by=by, reason=reason)
-        records.closure(uow, session, call, closed, cause)
+            records.withdraw_request(store, call)
+        claim = await store.hold_back(call) if call.status == "executing" else None
+        effect = domain.effect_of(ledger.catalogue.get(call.tool))
+        closed = domain.cancellation_closure(call, claim, effect, by=by, reason=reason)
+        records.closure(store, session, call, closed, cause)
         if domain.needs_operator(closed):
-            records.operator_alert(uow, session, call, closed, cause)
+            records.operator_alert(store, session, call, closed, cause)
     if step is not None and step.status == "requested":
-        uow.update(records.STEPS, step.id, status="cancelled")
+        store.update("steps", step.id, status="cancelled")
     for entry in domain.resume(calls, session_waits=False, output_limit=ledger.tool_output_model_chars).entries or []:
-        records.append(uow, session, entry)
-    session.updated_at = uow.now
+        records.append(store, session, entry)
+    session.updated_at = store.now
 
 
 def _seconds(since, until) -> float:
@@ -734,16 +733,16 @@ async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:
 
 
 async def _fail_turn_waiting_on(ledger: Ledger, parked: ParkedMessage, session_id: str) -> None:
-    async with ledger.unit_of_work() as uow:
-        session = await uow.lock_session(session_id) if domain.is_identifier(session_id) else None
+    async with ledger.unit_of_work() as store:
+        session = await store.lock_session(session_id) if domain.is_identifier(session_id) else None
         if session is None:
             return
-        turn_id, step, calls = await reads.open_turn(uow, session_id)
+        turn_id, step, calls = await store.open_turn(session_id)
         if turn_id is None or not domain.stalls_the_turn(parked.message_type, parked.envelope, step, calls):
             return
         said = f"{parked.message_type} {parked.message_id} was parked ({parked.reason}): {parked.detail}"
-        await _close_open_turn(ledger, uow, session, step, calls, None, by="signoff", reason=said)
+        await _close_open_turn(ledger, store, session, step, calls, None, by="signoff", reason=said)
         failed = TurnFailed(session_id=session.id, turn_id=turn_id, reason_code="message_parked", reason_text=said)
-        records.end_turn(uow, session, failed)
-        await uow.commit()
+        records.end_turn(store, session, failed)
+        await store.commit()
         log.warning("turn %s of session %s failed: %s", turn_id, session_id, said)

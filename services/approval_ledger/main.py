@@ -23,6 +23,7 @@ from .domain import TurnBounds
 from .group_commit import GroupCommit
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
+from .store_database import database_store
 
 # The ledger's PostgreSQL pool: one connection per group-commit lane, the rest for
 # the sweeps and parked messages.
@@ -53,7 +54,7 @@ async def run(settings: Settings) -> None:
     catalogue = load_catalogue(settings.tools_file)
     know_tools([spec.name for spec in catalogue.tools])
     ledger = Ledger(
-        engine=engine,
+        open_store=partial(database_store, engine, runtime.topology, notify_channel(settings)),
         topology=runtime.topology,
         catalogue=catalogue,
         authority=authority,
@@ -62,7 +63,6 @@ async def run(settings: Settings) -> None:
         tool_output_model_chars=settings.tool_output_model_chars,
         default_provider=settings.provider,
         turn_bounds=TurnBounds(steps=settings.turn_max_steps, tokens=settings.turn_max_tokens),
-        notify_channel=notify_channel(settings),
     )
     # Transitions wait in the lanes, not in the pool: no more transactions at once
     # than there are connections, so load never meets the pool's checkout timeout

@@ -1,5 +1,5 @@
-"""What a ledger transition writes: rows handed to its unit of work and the
-messages it emits to the outbox, committed together (invariant 1).
+"""What a ledger transition writes: rows handed to its store (the port, `store.py`)
+and the messages it emits to the outbox, committed together (invariant 1).
 
 Each function records one decision already taken by `domain`; none decides.
 """
@@ -12,14 +12,10 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
-
 from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.ledger import transcripts
-from shared.ledger.database import insert_unless_present
-from shared.ledger.tables import TABLES
 from shared.messages import (
     ApprovalCard,
     ApprovalCounted,
@@ -49,12 +45,9 @@ from shared.observability import (
 )
 from shared.redaction import redact_text, redact_value
 
-from . import reads
 from .authority import Authority
 from .domain import (
-    CANCELLED_BEFORE_RUNNING,
     Call,
-    ClaimOnRecord,
     ClosureOnRecord,
     Refusal,
     RequestOnRecord,
@@ -63,21 +56,9 @@ from .domain import (
     Tally,
     token_hash,
 )
-from .unit_of_work import SessionState, UnitOfWork
+from .store import LedgerStore, SessionState
 
 log = logging.getLogger("signoff.ledger")
-
-TURNS = TABLES["turns"]
-STEPS = TABLES["steps"]
-TRANSCRIPT = TABLES["transcript"]
-TOOL_CALLS = TABLES["tool_calls"]
-APPROVAL_REQUESTS = TABLES["approval_requests"]
-DECISIONS = TABLES["decisions"]
-APPROVALS = TABLES["approvals"]
-SESSIONS = TABLES["sessions"]
-CLOSURES = TABLES["closures"]
-CLAIMS = TABLES["execution_claims"]
-PROVIDER_ATTEMPTS = TABLES["provider_attempts"]
 
 
 def _id_of(cause: Envelope | None) -> str | None:
@@ -85,12 +66,12 @@ def _id_of(cause: Envelope | None) -> str | None:
     return cause.message_id if cause is not None else None
 
 
-def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
+def refusal(store: LedgerStore, session: SessionState | None, message: Envelope, refused: Refusal) -> None:
     log.info("rejected %s %s: %s", message.type, message.message_id, refused.reason_code)
-    uow.rejected.add(message.message_id)
+    store.rejected.add(message.message_id)
     when_committed(MESSAGES_REJECTED.labels(message.type, refused.reason_code).inc)
     if isinstance(message, RespondToApproval):
-        uow.audit(
+        store.audit(
             session,
             message.session_id,
             "response.rejected",
@@ -104,7 +85,7 @@ def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, re
             reason_text=refused.reason_text,
         )
     else:
-        uow.audit(
+        store.audit(
             session,
             message.session_id,
             "message.rejected",
@@ -114,7 +95,7 @@ def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, re
             reason_code=refused.reason_code,
             reason_text=refused.reason_text,
         )
-    uow.emit(
+    store.emit(
         session,
         MessageRejected(
             session_id=message.session_id,
@@ -127,7 +108,7 @@ def refusal(uow: UnitOfWork, session: SessionState | None, message: Envelope, re
     )
 
 
-def append(uow: UnitOfWork, session: SessionState, entry: TranscriptEntry) -> None:
+def append(store: LedgerStore, session: SessionState, entry: TranscriptEntry) -> None:
     """Stored once, and the session's digest chain extended with it (a session from
     before digests keeps None until a step computes it from its rows)."""
     stored = entry.model_dump(mode="json")
@@ -137,110 +118,79 @@ def append(uow: UnitOfWork, session: SessionState, entry: TranscriptEntry) -> No
         session.transcript_digest = transcripts.extended(session.transcript_digest, stored)
     session.transcript_len += 1
     session.appended.append(entry)
-    uow.add(TRANSCRIPT, {"session_id": session.id, "position": session.transcript_len, "entry": stored})
+    store.add("transcript", {"session_id": session.id, "position": session.transcript_len, "entry": stored})
 
 
-def new_turn(uow: UnitOfWork, session: SessionState, started_by: str | None) -> str:
+def new_turn(store: LedgerStore, session: SessionState, started_by: str | None) -> str:
     turn_id = mint("trn")
-    uow.add(
-        TURNS,
+    store.add(
+        "turns",
         {
             "id": turn_id,
             "session_id": session.id,
             "status": "running",
             "final_text": None,
             "started_by": started_by,
-            "created_at": uow.now,
+            "created_at": store.now,
             "completed_at": None,
         },
     )
     return turn_id
 
 
-def session_starter(uow: UnitOfWork, session: SessionState, starter: str | None) -> None:
+def session_starter(store: LedgerStore, session: SessionState, starter: str | None) -> None:
     """Who started the session, as `domain.session_starter` says; written if it changed."""
     if starter != session.started_by:
         session.started_by = starter
-        uow.update(SESSIONS, session.id, started_by=starter)
+        store.update("sessions", session.id, started_by=starter)
 
 
-def end_turn(uow: UnitOfWork, session: SessionState, ended: TurnCompleted | TurnFailed | TurnCancelled) -> None:
+def end_turn(store: LedgerStore, session: SessionState, ended: TurnCompleted | TurnFailed | TurnCancelled) -> None:
     """The turn ends as the event says, and the session can take a new one (idle, or
     cancelled: it says so until then)."""
     said: dict[str, str | None]
     if isinstance(ended, TurnCompleted):
-        uow.update(TURNS, ended.turn_id, status="completed", final_text=ended.text, completed_at=uow.now)
+        store.update("turns", ended.turn_id, status="completed", final_text=ended.text, completed_at=store.now)
         session.status = "idle"
         said = {"status": "completed", "text_digest": digest_of(ended.text)}
     elif isinstance(ended, TurnFailed):
         # The reason's text on the turn's row: the session goes back to idle, so without
         # it only the event said why (the audit entry keeps its digest, not the text).
-        uow.update(
-            TURNS,
+        store.update(
+            "turns",
             ended.turn_id,
             status="failed",
             final_text=None,
-            completed_at=uow.now,
+            completed_at=store.now,
             reason_code=ended.reason_code,
             reason_text=ended.reason_text,
         )
         session.status = "idle"
         said = {"status": "failed", "reason_code": ended.reason_code, "reason_digest": digest_of(ended.reason_text)}
     else:
-        uow.update(
-            TURNS,
+        store.update(
+            "turns",
             ended.turn_id,
             status="cancelled",
             final_text=None,
-            completed_at=uow.now,
+            completed_at=store.now,
             reason_text=ended.reason,
             ended_by=ended.cancelled_by,
         )
         session.status = "cancelled"
         said = {"status": "cancelled", "by": ended.cancelled_by, "reason": ended.reason}
-    uow.audit(session, session.id, "turn.ended", subject=ended.turn_id, message_id=ended.causation_id, **said)
-    uow.emit(session, ended)
+    store.audit(session, session.id, "turn.ended", subject=ended.turn_id, message_id=ended.causation_id, **said)
+    store.emit(session, ended)
 
 
-async def hold_back(uow: UnitOfWork, call: Call) -> ClaimOnRecord | None:
-    """Keep a call that is being cancelled from running: the ledger takes the call's
-    claim itself, finished as cancelled, so an executor that comes later finds it
-    done (the claim's primary key decides who was first). None: the call had not
-    started and now never will; else the executor's claim, locked, as it stands."""
-    fresh = await uow.db.execute(
-        insert_unless_present(CLAIMS, "call_id", uow.db.dialect.name),
-        {
-            "call_id": call.id,
-            "idempotency_key": call.idempotency_key,
-            "status": "finished",
-            "holder": "ledger",
-            "lease_expires_at": uow.now,
-            "attempts": 0,
-            "outcome": "error",
-            "result": {"error": CANCELLED_BEFORE_RUNNING},
-            "claimed_at": uow.now,
-            "finished_at": uow.now,
-        },
-    )
-    if fresh.rowcount == 1:
-        return None
-    row = (await uow.db.execute(select(CLAIMS).where(CLAIMS.c.call_id == call.id).with_for_update())).one()
-    return ClaimOnRecord(row.status, row.outcome, row.result)
-
-
-async def withdraw_request(uow: UnitOfWork, call: Call) -> None:
-    """The call's pending request closes as cancelled."""
-    await uow.db.execute(
-        update(APPROVAL_REQUESTS)
-        .where(APPROVAL_REQUESTS.c.call_id == call.id, APPROVAL_REQUESTS.c.status == "pending")
-        .values(status="cancelled")
-    )
-    if call.status == "awaiting_approval":
-        when_committed(APPROVAL_OUTCOMES.labels(tool_label(call.tool), "cancelled").inc)
+def withdraw_request(store: LedgerStore, call: Call) -> None:
+    """The call's pending request closes as cancelled (at commit)."""
+    store.withdraw_request(call.id)
+    when_committed(APPROVAL_OUTCOMES.labels(tool_label(call.tool), "cancelled").inc)
 
 
 def assistant_entry(
-    uow: UnitOfWork, session: SessionState, text: str, calls: list[Call], catalogue: ToolCatalogue
+    store: LedgerStore, session: SessionState, text: str, calls: list[Call], catalogue: ToolCatalogue
 ) -> None:
     """What the model said, with each call it made under the ids Signoff gave it, its
     secrets hidden as on the card: the transcript is shown (`signoff session show`) and
@@ -251,28 +201,28 @@ def assistant_entry(
         )
         for c in calls
     ]
-    append(uow, session, TranscriptEntry(role="assistant", text=text, tool_calls=made))
+    append(store, session, TranscriptEntry(role="assistant", text=text, tool_calls=made))
 
 
 async def step_request(
-    uow: UnitOfWork, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope | None
+    store: LedgerStore, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope | None
 ) -> None:
     """A new model step, asked for by reference: the transcript's length and digest,
     which the model-step reads from the ledger (claim-check; the command and its
     outbox row stay the same size however long the session grows)."""
     step_id = mint("stp")
-    uow.add(
-        STEPS,
+    store.add(
+        "steps",
         {
             "id": step_id,
             "session_id": session.id,
             "turn_id": turn_id,
             "status": "requested",
-            "created_at": uow.now,
+            "created_at": store.now,
             "completed_at": None,
         },
     )
-    uow.emit(
+    store.emit(
         session,
         RequestModelStep(
             session_id=session.id,
@@ -280,28 +230,28 @@ async def step_request(
             step_id=step_id,
             provider=session.provider,
             transcript_length=session.transcript_len,
-            transcript_digest=await _transcript_digest(uow, session),
+            transcript_digest=await _transcript_digest(store, session),
             tools=catalogue.descriptions(),
         ),
     )
     session.status = "running"
 
 
-async def _transcript_digest(uow: UnitOfWork, session: SessionState) -> str:
+async def _transcript_digest(store: LedgerStore, session: SessionState) -> str:
     if session.transcript_len == 0:
         return transcripts.EMPTY
     if session.transcript_digest is None:
         # A session from before digests: computed from its rows once, then kept and extended.
-        session.transcript_digest = transcripts.digest_of(await reads.transcript_rows(uow, session))
+        session.transcript_digest = transcripts.digest_of(await store.transcript_rows(session))
     return session.transcript_digest
 
 
 def attempts(
-    uow: UnitOfWork, step: Step, report_message_id: str, judged: tuple[tuple[ProviderAttempt, str], ...]
+    store: LedgerStore, step: Step, report_message_id: str, judged: tuple[tuple[ProviderAttempt, str], ...]
 ) -> None:
     for attempt, status in judged:
-        uow.add(
-            PROVIDER_ATTEMPTS,
+        store.add(
+            "provider_attempts",
             {
                 "session_id": step.session_id,
                 "step_id": step.id,
@@ -311,15 +261,15 @@ def attempts(
                 "input_tokens": attempt.usage.input_tokens,
                 "output_tokens": attempt.usage.output_tokens,
                 "report_message_id": report_message_id,
-                "recorded_at": uow.now,
+                "recorded_at": store.now,
             },
         )
 
 
-def new_call(uow: UnitOfWork, call: Call, position: int, args_digest: str) -> None:
+def new_call(store: LedgerStore, call: Call, position: int, args_digest: str) -> None:
     """Inserted with the status it ends this transition in."""
-    uow.add(
-        TOOL_CALLS,
+    store.add(
+        "tool_calls",
         {
             "id": call.id,
             "session_id": call.session_id,
@@ -331,13 +281,13 @@ def new_call(uow: UnitOfWork, call: Call, position: int, args_digest: str) -> No
             "args_digest": args_digest,
             "status": call.status,
             "idempotency_key": call.idempotency_key,
-            "created_at": uow.now,
+            "created_at": store.now,
         },
     )
 
 
 def approval_request(
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     call: Call,
     request_id: str,
@@ -359,7 +309,7 @@ def approval_request(
     leaves only in the request's `approval.requested` event."""
     response_token = secrets.token_urlsafe(32)
     when_committed(APPROVALS_REQUESTED.labels(tool_label(call.tool)).inc)
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "approval.requested",
@@ -371,8 +321,8 @@ def approval_request(
         approvals_required=approvals_required,
         expires_at=expires_at.isoformat(),
     )
-    uow.add(
-        APPROVAL_REQUESTS,
+    store.add(
+        "approval_requests",
         {
             "id": request_id,
             "call_id": call.id,
@@ -382,7 +332,7 @@ def approval_request(
             "card": card.model_dump(mode="json"),
             "response_token_hash": token_hash(response_token),
             "token_used_at": None,
-            "created_at": uow.now,
+            "created_at": store.now,
             "expires_at": expires_at,
             "escalate_at": escalate_at,
             "escalated_at": None,
@@ -393,7 +343,7 @@ def approval_request(
             "call_seal": call_seal,
         },
     )
-    uow.emit(
+    store.emit(
         session,
         ApprovalRequested(
             session_id=session.id,
@@ -415,7 +365,7 @@ def approval_request(
 
 
 def execution(
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     call: Call,
     cause: Envelope | None,
@@ -428,9 +378,9 @@ def execution(
     approved request, or (None) the policy that needs none. `stored`: the call's
     row exists and changes status."""
     if stored:
-        uow.update(TOOL_CALLS, call.id, status="executing")
+        store.update("tool_calls", call.id, status="executing")
     call.status = "executing"
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "execution.authorized",
@@ -447,16 +397,16 @@ def execution(
         arguments=call.arguments,
         idempotency_key=call.idempotency_key,
     )
-    uow.emit(session, authority.authorize(command, request_id=request_id, at=uow.now))
+    store.emit(session, authority.authorize(command, request_id=request_id, at=store.now))
 
 
 def accepted(
-    uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
+    store: LedgerStore, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
 ) -> None:
     """What every accepted response leaves: an approval is counted (one row per
     request and responder), a token is redeemed, and the audit log says who
     answered, through which channel (with the count while more are needed)."""
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "response.accepted",
@@ -472,8 +422,8 @@ def accepted(
         required=None if counted.decides else counted.required,
     )
     if response.decision == "approve":
-        uow.add(
-            APPROVALS,
+        store.add(
+            "approvals",
             {
                 "request_id": request.id,
                 "responder": response.responder,
@@ -482,19 +432,19 @@ def accepted(
                 "channel": response.key_id,
                 "reason": response.reason,
                 "message": response.message,
-                "approved_at": uow.now,
+                "approved_at": store.now,
             },
         )
     if response.response_token is not None:
-        uow.update(APPROVAL_REQUESTS, request.id, token_used_at=uow.now)
+        store.update("approval_requests", request.id, token_used_at=store.now)
 
 
 def approval_counted(
-    uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
+    store: LedgerStore, session: SessionState, request: RequestOnRecord, response: RespondToApproval, counted: Tally
 ) -> None:
     """An approval towards a request that needs more: it stays pending, and the
     channels can show how far it got."""
-    uow.emit(
+    store.emit(
         session,
         ApprovalCounted(
             session_id=session.id,
@@ -506,12 +456,12 @@ def approval_counted(
             required=counted.required,
         ),
     )
-    session.updated_at = uow.now
+    session.updated_at = store.now
 
 
-def decision(uow: UnitOfWork, session: SessionState, request: RequestOnRecord, response: RespondToApproval) -> None:
+def decision(store: LedgerStore, session: SessionState, request: RequestOnRecord, response: RespondToApproval) -> None:
     request_id = request.id
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "approval.decided",
@@ -522,8 +472,8 @@ def decision(uow: UnitOfWork, session: SessionState, request: RequestOnRecord, r
         reason=response.reason,
         call_id=request.call_id,
     )
-    uow.add(
-        DECISIONS,
+    store.add(
+        "decisions",
         {
             "request_id": request_id,
             "decision": response.decision,
@@ -533,7 +483,7 @@ def decision(uow: UnitOfWork, session: SessionState, request: RequestOnRecord, r
             "message_id": response.message_id,
             "response_id": response.response_id,
             "channel": response.key_id,
-            "decided_at": uow.now,
+            "decided_at": store.now,
         },
     )
 
@@ -544,7 +494,7 @@ def shown_arguments(catalogue: ToolCatalogue, call: Call) -> dict[str, Any]:
 
 
 def closure(
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     call: Call,
     closed: ClosureOnRecord,
@@ -558,13 +508,13 @@ def closure(
     if closed.reason_text:
         closed = dataclasses.replace(closed, reason_text=redact_text(closed.reason_text))
     if stored:
-        uow.update(TOOL_CALLS, call.id, status="closed")
+        store.update("tool_calls", call.id, status="closed")
     call.status = "closed"
     call.closure = closed
     # A person's reason or a deadline are said; what a tool, the model or a parked
     # message produced may echo a secret, so it is kept as a digest.
     said = closed.kind in ("denied", "expired")
-    uow.audit(
+    store.audit(
         session,
         session.id,
         "call.closed",
@@ -576,8 +526,8 @@ def closure(
         reason_digest=None if said or closed.reason_text is None else digest_of(closed.reason_text),
         output_digest=None if closed.output is None else digest_of(closed.output),
     )
-    uow.add(
-        CLOSURES,
+    store.add(
+        "closures",
         {
             "call_id": call.id,
             "session_id": session.id,
@@ -585,10 +535,10 @@ def closure(
             "reason_code": closed.reason_code,
             "reason_text": closed.reason_text,
             "output": None if closed.output is None else {"value": closed.output},
-            "created_at": uow.now,
+            "created_at": store.now,
         },
     )
-    uow.emit(
+    store.emit(
         session,
         ToolCallClosed(
             session_id=session.id,
@@ -602,13 +552,13 @@ def closure(
 
 
 def operator_alert(
-    uow: UnitOfWork, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope | None
+    store: LedgerStore, session: SessionState, call: Call, closed: ClosureOnRecord, cause: Envelope | None
 ) -> None:
-    alert(uow, session, call, closed.reason_code or closed.kind, closed.reason_text or "", cause)
+    alert(store, session, call, closed.reason_code or closed.kind, closed.reason_text or "", cause)
 
 
 def alert(
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     call: Call | None,
     reason_code: str,
@@ -619,7 +569,7 @@ def alert(
 ) -> None:
     """Tell an operator about a call only a person can settle, someone forging or
     rewriting, or (no call) a turn that reached its bound."""
-    uow.emit(
+    store.emit(
         session,
         OperatorAlerted(
             session_id=session.id,
@@ -634,7 +584,7 @@ def alert(
 
 
 async def resumption(
-    uow: UnitOfWork,
+    store: LedgerStore,
     session: SessionState,
     turn_id: str,
     resumed: Resumption,
@@ -647,5 +597,5 @@ async def resumption(
     if resumed.entries is None:
         return
     for entry in resumed.entries:
-        append(uow, session, entry)
-    await step_request(uow, session, turn_id, catalogue, cause)
+        append(store, session, entry)
+    await step_request(store, session, turn_id, catalogue, cause)

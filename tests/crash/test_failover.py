@@ -15,7 +15,7 @@ import aio_pika
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.approval_ledger.unit_of_work import UnitOfWork
+from services.approval_ledger.store_database import database_store
 from services.publisher.leadership import leader_lock
 from shared.ledger.database import notify_channel
 from shared.ledger.tables import ApprovalRequest, Closure, OutboxRow
@@ -134,7 +134,7 @@ async def commit_events(ledger, settings, count: int, per_transaction: int = 1) 
     topology, channel = Topology(settings.namespace), notify_channel(settings)
     sent = []
     for _ in range(count // per_transaction):
-        async with UnitOfWork(ledger, topology, channel) as uow:
+        async with database_store(ledger, topology, channel) as uow:
             for _ in range(per_transaction):
                 event = TurnCompleted(session_id=mint("ses"), turn_id=mint("trn"), text="load")
                 uow.emit(None, event)

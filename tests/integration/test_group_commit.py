@@ -4,6 +4,7 @@ inbox row and effects, one session's in delivery order; a group that fails is
 applied message by message, so one failing message takes no other down."""
 
 import asyncio
+from functools import partial
 
 import pytest
 from sqlalchemy import select
@@ -12,6 +13,7 @@ from services.approval_ledger import handlers
 from services.approval_ledger.authority import Authority
 from services.approval_ledger.group_commit import GroupCommit
 from services.approval_ledger.handlers import Ledger
+from services.approval_ledger.store_database import database_store
 from shared import faults
 from shared.catalogue import load_catalogue
 from shared.ledger.database import migrate, notify_channel
@@ -25,14 +27,14 @@ INBOX, TURNS = TABLES["inbox"], TABLES["turns"]
 async def _ledger(deployment, engine) -> Ledger:
     settings = deployment.settings
     await migrate(engine, settings)
+    topology = Topology(settings.namespace)
     return Ledger(
-        engine=engine,
-        topology=Topology(settings.namespace),
+        open_store=partial(database_store, engine, topology, notify_channel(settings)),
+        topology=topology,
         catalogue=load_catalogue(settings.tools_file),
         authority=Authority.from_settings(settings),
         check_senders=False,
         default_provider=settings.provider,
-        notify_channel=notify_channel(settings),
     )
 
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import insert
 
-from services.approval_ledger.unit_of_work import UnitOfWork
+from services.approval_ledger.store_database import database_store
 from services.publisher.hooks import delivery_id
 from shared.ledger.database import migrate, notify_channel
 from shared.ledger.tables import HookDelivery
@@ -49,7 +49,7 @@ async def backlog(deployment, hook: str, count: int) -> None:
 async def commit_event(deployment) -> TurnCompleted:
     settings = deployment.settings
     async with deployment.engine("approval-ledger") as ledger:
-        async with UnitOfWork(ledger, Topology(settings.namespace), notify_channel(settings)) as uow:
+        async with database_store(ledger, Topology(settings.namespace), notify_channel(settings)) as uow:
             event = TurnCompleted(session_id=mint("ses"), turn_id=mint("trn"), text="done")
             uow.emit(None, event)
             await uow.commit()

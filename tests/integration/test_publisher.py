@@ -2,7 +2,7 @@
 
 import asyncio
 
-from services.approval_ledger.unit_of_work import UnitOfWork
+from services.approval_ledger.store_database import database_store
 from shared.ledger.database import notify_channel
 from shared.messages import TurnCompleted, mint
 from shared.topology import Topology
@@ -17,11 +17,11 @@ async def test_the_publisher_sends_nothing_that_was_not_committed(deployment):
     async with deployment.console() as console, deployment.engine("approval-ledger") as ledger:
         events = await console.watch(session_id)
         rolled_back = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="never committed")
-        async with UnitOfWork(ledger, topology, notify_channel(settings)) as uow:
+        async with database_store(ledger, topology, notify_channel(settings)) as uow:
             uow.emit(None, rolled_back)
             await uow.flush()  # the row exists inside the transaction, then is rolled back
         committed = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text="committed")
-        async with UnitOfWork(ledger, topology, notify_channel(settings)) as uow:
+        async with database_store(ledger, topology, notify_channel(settings)) as uow:
             uow.emit(None, committed)
             await uow.commit()
 
@@ -39,7 +39,7 @@ async def test_events_of_one_session_arrive_in_commit_order_with_increasing_sequ
         events = await console.watch(session_id)
         sent = []
         for n in range(50):
-            async with UnitOfWork(ledger, Topology(settings.namespace), notify_channel(settings)) as uow:
+            async with database_store(ledger, Topology(settings.namespace), notify_channel(settings)) as uow:
                 message = TurnCompleted(session_id=session_id, turn_id=mint("trn"), text=str(n), sequence=n + 1)
                 uow.emit(None, message)
                 await uow.commit()

@@ -7,7 +7,7 @@ import pytest
 
 from services.approval_ledger import domain
 from services.approval_ledger.domain import ClaimOnRecord
-from services.approval_ledger.unit_of_work import storable
+from services.approval_ledger.store import storable
 from services.model_step.handlers import request_model_step
 from services.model_step.replies import ProviderReply
 from services.tool_executor.handlers import report_of

@@ -1,0 +1,18 @@
+"""Which database adapter of the ledger's store (`store.py`) an engine takes."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.topology import Topology
+
+from .store import LedgerStore
+from .store_postgres import PostgresStore
+from .store_sql import DatabaseStore
+
+
+def database_store(engine: AsyncEngine, topology: Topology, notify_channel: str | None) -> LedgerStore:
+    """One transaction of the ledger on its database: PostgreSQL's adapter, or SQLite's."""
+    if engine.dialect.name == "postgresql":
+        return PostgresStore(engine, topology, notify_channel)
+    return DatabaseStore(engine, topology, notify_channel)

@@ -1,0 +1,429 @@
+"""The ledger's store on a database through SQLAlchemy Core: the SQLite adapter of the
+port (`store.py`), and the queries the PostgreSQL adapter (`store_postgres.py`) runs too.
+
+Each read is one query built once, run on the transaction's connection after the
+session row is locked. The writes a transition collected are applied in one
+greenlet (`run_sync`): one INSERT per table with all its rows, parents first,
+then one UPDATE per changed row, then the outbox rows in emission order, then
+the audit entries. SQLite has one writer: its transactions never interleave, so
+no lock order matters and the first write (the inbox row) holds the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, func, select, text, union_all
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.ledger.database import insert_unless_present
+from shared.ledger.tables import TABLES
+from shared.messages import Envelope
+from shared.topology import Topology
+
+from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
+from .store import (
+    INSERT_ORDER,
+    NO_OPEN_TURN,
+    Duplicate,
+    LedgerStore,
+    OpenTurn,
+    SessionState,
+    StepCalls,
+    StepRead,
+    Writes,
+)
+
+SESSIONS = TABLES["sessions"]
+INBOX = TABLES["inbox"]
+OUTBOX = TABLES["outbox"]
+AUDIT = TABLES["audit_log"]
+STEPS = TABLES["steps"]
+TRANSCRIPT = TABLES["transcript"]
+TOOL_CALLS = TABLES["tool_calls"]
+APPROVAL_REQUESTS = TABLES["approval_requests"]
+DECISIONS = TABLES["decisions"]
+APPROVALS = TABLES["approvals"]
+CLOSURES = TABLES["closures"]
+TURNS = TABLES["turns"]
+CLAIMS = TABLES["execution_claims"]
+
+_pending = APPROVAL_REQUESTS.alias("pending")
+
+
+def _session_waits(*, besides=None):
+    """Whether the session has a pending approval request (other than `besides`), as a column."""
+    condition = [_pending.c.session_id == bindparam("session_id"), _pending.c.status == "pending"]
+    if besides is not None:
+        condition.append(_pending.c.id != besides)
+    return select(_pending.c.id).where(*condition).exists().label("waiting")
+
+
+_TRANSCRIPT = (
+    select(TRANSCRIPT.c.entry)
+    .where(TRANSCRIPT.c.session_id == bindparam("session_id"), TRANSCRIPT.c.position <= bindparam("upto"))
+    .order_by(TRANSCRIPT.c.position)
+)
+_STEP = select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status, _session_waits()).where(
+    STEPS.c.id == bindparam("step_id")
+)
+_PENDING = (
+    select(APPROVAL_REQUESTS.c.id)
+    .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
+    .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
+)
+# A response id counts once: as a decision, or as one approval of several.
+_DUE = (
+    select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
+    .where(APPROVAL_REQUESTS.c.status == "pending", APPROVAL_REQUESTS.c.expires_at <= bindparam("at"))
+    .order_by(APPROVAL_REQUESTS.c.expires_at)
+    .limit(bindparam("limit"))
+)
+_DUE_ESCALATIONS = (
+    select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
+    .where(
+        APPROVAL_REQUESTS.c.status == "pending",
+        APPROVAL_REQUESTS.c.escalate_at <= bindparam("at"),
+        APPROVAL_REQUESTS.c.escalated_at.is_(None),
+    )
+    .order_by(APPROVAL_REQUESTS.c.escalate_at)
+    .limit(bindparam("limit"))
+)
+_RESPONSE_USED = union_all(
+    select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")),
+    select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")),
+)
+# Every call of a step, in the model's order, with what resuming the step needs:
+# its closure, its decision's note, the step's turn, and whether the session waits.
+_target = TOOL_CALLS.alias("target")
+_SIBLINGS = (
+    TOOL_CALLS.join(STEPS, STEPS.c.id == TOOL_CALLS.c.step_id)
+    .outerjoin(CLOSURES, CLOSURES.c.call_id == TOOL_CALLS.c.id)
+    .outerjoin(APPROVAL_REQUESTS, APPROVAL_REQUESTS.c.call_id == TOOL_CALLS.c.id)
+    .outerjoin(DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id)
+)
+_CALL_COLUMNS = (
+    TOOL_CALLS.c.id,
+    TOOL_CALLS.c.session_id,
+    TOOL_CALLS.c.step_id,
+    TOOL_CALLS.c.provider_call_id,
+    TOOL_CALLS.c.tool,
+    TOOL_CALLS.c.arguments,
+    TOOL_CALLS.c.idempotency_key,
+    TOOL_CALLS.c.status,
+    STEPS.c.turn_id,
+    CLOSURES.c.kind,
+    CLOSURES.c.output,
+    CLOSURES.c.reason_code,
+    CLOSURES.c.reason_text,
+    DECISIONS.c.responder,
+    DECISIONS.c.message,
+)
+# A tool call and the other calls of its step.
+_CALL_AND_SIBLINGS = (
+    select(*_CALL_COLUMNS, _session_waits())
+    .select_from(_target.join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id))
+    .where(_target.c.id == bindparam("call_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
+_OPEN_TURN = (
+    select(TURNS.c.id)
+    .where(TURNS.c.session_id == bindparam("session_id"), TURNS.c.status == "running")
+    .order_by(TURNS.c.created_at.desc())
+    .limit(1)
+)
+_TURN_STARTER = select(TURNS.c.started_by).where(TURNS.c.id == bindparam("turn_id"))
+_PENDING_TOOLS = (
+    select(TOOL_CALLS.c.tool, APPROVAL_REQUESTS.c.escalated_at)
+    .select_from(APPROVAL_REQUESTS.join(TOOL_CALLS, TOOL_CALLS.c.id == APPROVAL_REQUESTS.c.call_id))
+    .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
+)
+_LATEST_STEP = (
+    select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status)
+    .where(STEPS.c.turn_id == bindparam("turn_id"))
+    .order_by(STEPS.c.created_at.desc(), STEPS.c.id.desc())
+    .limit(1)
+)
+_CALLS_OF_STEP = (
+    select(*_CALL_COLUMNS)
+    .select_from(_SIBLINGS)
+    .where(TOOL_CALLS.c.step_id == bindparam("step_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
+# An approval request, its call and the other calls of its step; whether the session
+# waits on a request other than this one (which this response decides); who started
+# the session and the call's turn; the approvals counted so far, and whether the
+# responder gave one of them.
+_request = APPROVAL_REQUESTS.alias("request")
+_turn = TURNS.alias("turn")
+_session = SESSIONS.alias("session")
+_approvals = APPROVALS.alias("counted")
+_REQUEST_AND_CALLS = (
+    select(
+        _request.c.id.label("request_id"),
+        _request.c.session_id.label("request_session_id"),
+        _request.c.status.label("request_status"),
+        _request.c.args_digest.label("request_args_digest"),
+        _request.c.call_id.label("request_call_id"),
+        _target.c.tool.label("request_tool"),
+        _request.c.response_token_hash,
+        _request.c.token_used_at,
+        _request.c.expires_at.label("request_expires_at"),
+        _request.c.escalated_at.label("request_escalated_at"),
+        _request.c.card.label("request_card"),
+        _request.c.created_at.label("request_created_at"),
+        _turn.c.started_by.label("turn_started_by"),
+        _session.c.started_by.label("session_started_by"),
+        select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
+        select(_approvals.c.responder)
+        .where(_approvals.c.request_id == _request.c.id, _approvals.c.responder == bindparam("responder"))
+        .exists()
+        .label("approved_by_responder"),
+        *_CALL_COLUMNS,
+        _session_waits(besides=_request.c.id),
+    )
+    .select_from(
+        _request.join(_target, _target.c.id == _request.c.call_id)
+        .join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id)
+        .join(_turn, _turn.c.id == STEPS.c.turn_id)
+        .join(_session, _session.c.id == _request.c.session_id)
+    )
+    .where(_request.c.id == bindparam("request_id"))
+    .order_by(TOOL_CALLS.c.position)
+)
+
+
+_ATTEMPTS = TABLES["provider_attempts"]
+_OF_TURN = (STEPS.c.session_id == bindparam("session_id"), STEPS.c.turn_id == bindparam("turn_id"))
+_TURN_SPEND = select(
+    select(func.count()).select_from(STEPS).where(*_OF_TURN).scalar_subquery().label("steps"),
+    select(func.count())
+    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
+    .where(*_OF_TURN)
+    .scalar_subquery()
+    .label("calls"),
+    select(func.coalesce(func.sum(_ATTEMPTS.c.input_tokens + _ATTEMPTS.c.output_tokens), 0))
+    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
+    .where(*_OF_TURN)
+    .scalar_subquery()
+    .label("tokens"),
+)
+
+
+_CLAIM = select(
+    CLAIMS.c.status,
+    CLAIMS.c.outcome,
+    CLAIMS.c.holder,
+    CLAIMS.c.attempts,
+    CLAIMS.c.claimed_at,
+    CLAIMS.c.result,
+    CLAIMS.c.authorization,
+).where(CLAIMS.c.call_id == bindparam("call_id"))
+
+
+_LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
+_INSERT_SESSION = insert_unless_present(SESSIONS, "id", "sqlite")
+# A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
+_INBOX_INSERT = insert_unless_present(INBOX, "message_id", "sqlite")
+_INSERT = {name: TABLES[name].insert() for name in ("outbox", "audit_log", *INSERT_ORDER)}
+# The SET clause is the parameters' column names; every updated table has an `id` key.
+_UPDATE_BY_ID = {
+    name: TABLES[name].update().where(TABLES[name].c.id == bindparam("id_"))
+    for name in ("sessions", *INSERT_ORDER)
+    if "id" in TABLES[name].c
+}
+_WITHDRAW = (
+    APPROVAL_REQUESTS.update()
+    .where(APPROVAL_REQUESTS.c.call_id == bindparam("call_id_"), APPROVAL_REQUESTS.c.status == "pending")
+    .values(status="cancelled")
+)
+_CLAIM_LOCKED = _CLAIM.with_for_update()
+_NOTIFY = text("SELECT pg_notify(:channel, '')")
+
+
+class DatabaseStore(LedgerStore):
+    def __init__(self, engine: AsyncEngine, topology: Topology, notify_channel: str | None) -> None:
+        super().__init__(topology, notify_channel)
+        self._engine = engine
+        self.db: AsyncConnection
+
+    async def _begin(self) -> None:
+        self.db = await self._engine.connect()
+        try:
+            await self.db.begin()
+        except BaseException:
+            await self.db.close()
+            raise
+
+    async def _end(self) -> None:
+        await self.db.rollback()
+        await self.db.close()
+
+    async def _commit(self) -> None:
+        await self.db.commit()
+
+    async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
+        """The rows of a statement built once."""
+        return list((await self.db.execute(query, parameters)).all())
+
+    # -- receive and lock ------------------------------------------------------------
+
+    async def receive_and_lock(
+        self, message: Envelope, *, create_with_provider: str | None = None
+    ) -> SessionState | None:
+        # The inbox first: a duplicate must leave no session row behind (a group
+        # commit does not roll back for it). SQLite has one writer: no lock order.
+        inserted = await self.db.execute(_INBOX_INSERT, self._inbox_row(message))
+        if inserted.rowcount == 0:
+            raise Duplicate(message.message_id)
+        if create_with_provider is not None:
+            await self.db.execute(
+                _INSERT_SESSION,
+                {
+                    "id": message.session_id,
+                    "status": "idle",
+                    "provider": create_with_provider,
+                    "event_seq": 0,
+                    "transcript_len": 0,
+                    "status_reason": None,
+                    "created_at": self.now,
+                    "updated_at": self.now,
+                },
+            )
+        return await self.lock_session(message.session_id)
+
+    async def lock_session(self, session_id: str) -> SessionState | None:
+        found = await self.read(_LOCK_SESSION, {"session_id": session_id})
+        return self._locked(SessionState.of(found[0]) if found else None)
+
+    # -- reads -----------------------------------------------------------------------
+
+    async def step(self, step_id: str, session_id: str) -> StepRead:
+        found = await self.read(_STEP, {"step_id": step_id, "session_id": session_id})
+        if not found:
+            return StepRead(None, False)
+        row = found[0]
+        return StepRead(Step(row.id, row.session_id, row.turn_id, row.status), bool(row.waiting))
+
+    async def call_and_siblings(self, call_id: str, session_id: str) -> StepCalls:
+        rows = await self.read(_CALL_AND_SIBLINGS, {"call_id": call_id, "session_id": session_id})
+        return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
+
+    async def request_and_calls(
+        self, request_id: str, session_id: str, responder: str
+    ) -> tuple[RequestOnRecord | None, StepCalls]:
+        parameters = {"request_id": request_id, "session_id": session_id, "responder": responder}
+        rows = await self.read(_REQUEST_AND_CALLS, parameters)
+        if not rows:
+            return None, StepCalls([], False)
+        first = rows[0]
+        request = RequestOnRecord(
+            first.request_id,
+            first.request_session_id,
+            first.request_status,
+            first.request_args_digest,
+            first.request_call_id,
+            tool=first.request_tool,
+            token_hash=first.response_token_hash,
+            token_used=first.token_used_at is not None,
+            starters=starters_of(first.session_started_by, first.turn_started_by),
+            approvals=first.approvals,
+            approved_by_responder=bool(first.approved_by_responder),
+            expires_at=first.request_expires_at,
+            escalated=first.request_escalated_at is not None,
+            card=first.request_card,
+            created_at=first.request_created_at,
+        )
+        return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
+
+    async def due_requests(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        # An index range scan: nearly free while nothing is due.
+        return [(r.id, r.session_id) for r in await self.read(_DUE, {"at": at, "limit": limit})]
+
+    async def due_escalations(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        return [(r.id, r.session_id) for r in await self.read(_DUE_ESCALATIONS, {"at": at, "limit": limit})]
+
+    async def open_turn(self, session_id: str) -> OpenTurn:
+        found = await self.read(_OPEN_TURN, {"session_id": session_id})
+        if not found:
+            return NO_OPEN_TURN
+        turn_id = found[0].id
+        latest = await self.read(_LATEST_STEP, {"turn_id": turn_id})
+        if not latest:
+            return OpenTurn(turn_id, None, [])
+        row = latest[0]
+        step = Step(row.id, row.session_id, row.turn_id, row.status)
+        rows = await self.read(_CALLS_OF_STEP, {"step_id": step.id})
+        return OpenTurn(turn_id, step, [_call(r) for r in rows])
+
+    async def turn_starter(self, turn_id: str) -> str | None:
+        found = await self.read(_TURN_STARTER, {"turn_id": turn_id})
+        return found[0].started_by if found else None
+
+    async def pending_tools(self, session_id: str) -> list[tuple[str, bool]]:
+        rows = await self.read(_PENDING_TOOLS, {"session_id": session_id})
+        return [(row.tool, row.escalated_at is not None) for row in rows]
+
+    async def response_used(self, response_id: str) -> bool:
+        return bool(await self.read(_RESPONSE_USED, {"response_id": response_id}))
+
+    async def pending_request_ids(self, session_id: str) -> list[str]:
+        return [row.id for row in await self.read(_PENDING, {"session_id": session_id})]
+
+    async def turn_spend(self, session_id: str, turn_id: str) -> TurnSpend:
+        row = (await self.read(_TURN_SPEND, {"session_id": session_id, "turn_id": turn_id}))[0]
+        return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
+
+    async def claim(self, call_id: str, *, lock: bool = False) -> ClaimOnRecord | None:
+        found = await self.read(_CLAIM_LOCKED if lock else _CLAIM, {"call_id": call_id})
+        if not found:
+            return None
+        row = found[0]
+        return ClaimOnRecord(
+            row.status, row.outcome, row.result, row.holder, row.attempts, row.claimed_at, row.authorization
+        )
+
+    async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:
+        return [row.entry for row in await self.read(_TRANSCRIPT, {"session_id": session_id, "upto": upto})]
+
+    # -- writes ----------------------------------------------------------------------
+
+    async def _apply(self, writes: Writes, notify: bool) -> None:
+        await self.db.run_sync(self._write, writes, notify)
+
+    def _write(self, db: Connection, writes: Writes, notify: bool) -> None:
+        for name in INSERT_ORDER:
+            rows = writes.rows.get(name)
+            if rows:
+                db.execute(_INSERT[name], rows)
+        for (name, key), values in writes.updates.items():
+            db.execute(_UPDATE_BY_ID[name], {"id_": key, **values})
+        for call_id in writes.withdrawn:
+            db.execute(_WITHDRAW, {"call_id_": call_id})
+        if writes.outbox:
+            db.execute(_INSERT["outbox"], writes.outbox)
+        if writes.audit:
+            db.execute(_INSERT["audit_log"], writes.audit)
+        if notify:
+            # NOTIFY is delivered on commit only, so the publisher never wakes for a rollback.
+            db.execute(_NOTIFY, {"channel": self._notify_channel})
+
+
+def _call(row: Row) -> Call:
+    closure = None
+    if row.kind is not None:
+        closure = ClosureOnRecord(row.kind, (row.output or {}).get("value"), row.reason_code, row.reason_text)
+    return Call(
+        id=row.id,
+        session_id=row.session_id,
+        step_id=row.step_id,
+        turn_id=row.turn_id,
+        provider_call_id=row.provider_call_id,
+        tool=row.tool,
+        arguments=row.arguments,
+        idempotency_key=row.idempotency_key,
+        status=row.status,
+        closure=closure,
+        note=Note(row.responder, row.message) if row.message else None,
+    )

@@ -1,0 +1,661 @@
+"""The ledger's handlers on the in-memory store: every message type the ledger takes,
+its refusals and its closures, in milliseconds (no database, no broker, no processes).
+
+Each test drives the handlers as the ledger's consumers do (one message, one
+transition) and reads what they committed: the rows of the memory database and the
+outbox's events. The same handlers run on PostgreSQL and SQLite in the integration
+and crash tests; the stores' likeness is tests/integration/test_ledger_store_contract.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from functools import partial
+
+import pytest
+
+from services.approval_ledger import domain, handlers
+from services.approval_ledger.authority import Authority
+from services.approval_ledger.handlers import Ledger
+from services.approval_ledger.store import Duplicate
+from services.approval_ledger.store_memory import MemoryDatabase
+from shared.catalogue import ToolCatalogue
+from shared.consuming import sender
+from shared.dead_letters import ParkedMessage
+from shared.keyring import Channel
+from shared.messages import (
+    CancelTurn,
+    ModelStepCompleted,
+    ProposedToolCall,
+    ProviderAttempt,
+    RefuseExecution,
+    RespondToApproval,
+    StartTurn,
+    ToolExecuted,
+    Usage,
+    mint,
+    now,
+)
+from shared.signatures import new_private_key, sign, unseal
+from shared.topology import Topology
+
+CHANNEL_KEY = new_private_key()
+LEDGER_KEY = new_private_key()
+RUNS = {"kind": "python", "function": "services.tool_executor.builtin:read_clock"}
+CATALOGUE = ToolCatalogue.model_validate(
+    {
+        "groups": {"leads": ["lena"]},
+        "tools": [
+            {"name": "publish_post", "label": "Publish", "implementation": RUNS, "approval": "always",
+             "effect": "outward", "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}},
+            {"name": "read_clock", "label": "Clock", "implementation": RUNS, "approval": "never", "effect": "read"},
+            {"name": "count", "label": "Count", "implementation": RUNS, "approval": "always", "effect": "idempotent"},
+            {"name": "wire_money", "label": "Wire", "implementation": RUNS, "approval": "always", "effect": "outward",
+             "approvers": ["alice", "bob"], "approvals_required": 2},
+            {"name": "deploy", "label": "Deploy", "implementation": RUNS, "approval": "always", "effect": "outward",
+             "approvers": ["alice"], "escalation": {"after_seconds": 60, "to": ["group:leads"]}},
+        ],
+    }
+)
+AUTHORITY = Authority(
+    signing_key=LEDGER_KEY,
+    digest_key=b"d" * 32,
+    channels={"chat": Channel("chat", CHANNEL_KEY.public_key(), ("alice", "bob", "carol", "lena", "ann"))},
+    response_window=timedelta(minutes=5),
+    authorization_ttl=timedelta(minutes=5),
+)
+TOPOLOGY = Topology("unit")
+
+
+class Rig:
+    """One ledger on one memory database, and what it said."""
+
+    def __init__(self, **options) -> None:
+        self.database = MemoryDatabase()
+        self.ledger = Ledger(
+            open_store=partial(self.database.store, TOPOLOGY, None),
+            topology=TOPOLOGY,
+            catalogue=CATALOGUE,
+            authority=AUTHORITY,
+            default_provider="scripted",
+            check_senders=False,
+            **options,
+        )
+        self.session_id = mint("ses")
+
+    def rows(self, table: str, **where) -> list[dict]:
+        return [r for r in self.database.rows(table) if all(r.get(k) == v for k, v in where.items())]
+
+    def events(self, message_type: str) -> list[dict]:
+        bodies = [json.loads(r["body"]) for r in self.database.rows("outbox")]
+        return [b for b in bodies if b["type"] == message_type]
+
+    def last(self, message_type: str) -> dict:
+        return self.events(message_type)[-1]
+
+    def session(self) -> dict:
+        [row] = self.rows("sessions", id=self.session_id)
+        return row
+
+    async def start(self, text: str = "hello", **fields) -> str:
+        """A turn (ann's unless said); the step it asks for."""
+        fields.setdefault("started_by", "ann")
+        await handlers.start_turn(self.ledger, StartTurn(session_id=self.session_id, text=text, **fields))
+        return self.last("step.requested")["step_id"]
+
+    async def report(self, step_id: str, *calls: ProposedToolCall, **fields) -> ModelStepCompleted:
+        fields.setdefault("attempts", [ProviderAttempt(number=1, status="completed", provider="scripted")])
+        report = ModelStepCompleted(session_id=self.session_id, step_id=step_id, tool_calls=list(calls), **fields)
+        await handlers.model_step_completed(self.ledger, report)
+        return report
+
+    async def ask(self, tool: str = "publish_post", **arguments) -> dict:
+        """A turn whose model asks for one call that needs approval; its approval.requested."""
+        step_id = await self.start()
+        await self.report(step_id, call(tool, **arguments))
+        return self.last("approval.requested")
+
+    def response(self, requested: dict, decision: str = "approve", responder: str = "alice", **fields):
+        response = RespondToApproval(
+            session_id=self.session_id,
+            request_id=requested["request_id"],
+            decision=decision,
+            args_digest=requested["args_digest"],
+            responder=responder,
+            **fields,
+        ).model_copy(update={"key_id": "chat"})
+        return response.model_copy(update={"signature": sign(CHANNEL_KEY, response.signed_part())})
+
+    async def respond(self, requested: dict, decision: str = "approve", responder: str = "alice", **fields):
+        response = self.response(requested, decision, responder, **fields)
+        await handlers.respond_to_approval(self.ledger, response)
+        return response
+
+    def claim(self, execute: dict, outcome: str = "output", **result) -> None:
+        """The executor's finished claim on a call, taken under the ledger's authorization."""
+        self.database.tables["execution_claims"][(execute["call_id"],)] = {
+            "call_id": execute["call_id"],
+            "idempotency_key": execute["idempotency_key"],
+            "status": "finished",
+            "holder": "executor-1",
+            "lease_expires_at": now(),
+            "attempts": 1,
+            "outcome": outcome,
+            "result": result or {"output": "done"},
+            "claimed_at": now(),
+            "finished_at": now(),
+            "authorization": execute["authorization"],
+        }
+
+    async def executed(self, execute: dict, outcome: str = "output") -> ToolExecuted:
+        report = ToolExecuted(session_id=self.session_id, call_id=execute["call_id"], outcome=outcome)
+        await handlers.tool_executed(self.ledger, report)
+        return report
+
+    def rejected(self) -> list[str]:
+        return [e["reason_code"] for e in self.events("message.rejected")]
+
+
+def call(tool: str, provider_call_id: str = "p1", **arguments) -> ProposedToolCall:
+    return ProposedToolCall(provider_call_id=provider_call_id, name=tool, arguments=arguments)
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return Rig()
+
+
+# --- turn.start -------------------------------------------------------------------
+
+
+async def test_a_turn_opens_its_session_appends_the_users_words_and_asks_for_a_model_step(rig):
+    step_id = await rig.start("hello", started_by="ann")
+    session = rig.session()
+    assert (session["status"], session["provider"], session["started_by"]) == ("running", "scripted", "ann")
+    [entry] = rig.rows("transcript", session_id=rig.session_id)
+    assert entry["entry"]["text"] == "hello"
+    requested = rig.last("step.requested")
+    assert (requested["step_id"], requested["transcript_length"]) == (step_id, 1)
+    assert [a["kind"] for a in rig.rows("audit_log", session_id=rig.session_id)] == ["turn.started"]
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (turn["status"], turn["started_by"]) == ("running", "ann")
+
+
+async def test_a_turn_on_a_busy_session_is_refused_as_session_busy(rig):
+    await rig.start()
+    await rig.start()
+    assert rig.rejected() == ["session_busy"]
+    assert len(rig.rows("turns", session_id=rig.session_id)) == 1
+
+
+async def test_a_redelivered_message_changes_nothing_the_second_time(rig):
+    turn = StartTurn(session_id=rig.session_id, text="hi")
+    await handlers.start_turn(rig.ledger, turn)
+    before = len(rig.database.rows("outbox"))
+    await handlers.start_turn(rig.ledger, turn)
+    assert len(rig.database.rows("outbox")) == before
+    assert len(rig.rows("inbox", message_id=turn.message_id)) == 1
+
+
+async def test_a_turn_names_its_provider_and_otherwise_takes_the_default():
+    rig = Rig()
+    await rig.start(provider="other")
+    assert rig.session()["provider"] == "other"
+
+
+async def test_only_a_turn_may_open_a_session_and_a_message_for_none_is_refused_without_one(rig):
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rejected() == ["unknown_session"]
+    assert rig.rows("sessions", id=rig.session_id) == []
+
+
+async def test_a_message_from_a_sender_that_may_not_send_it_is_refused_and_opens_no_session():
+    rig = Rig()
+    rig.ledger.check_senders = True
+    token = sender.set("unit.model-step")
+    try:
+        await handlers.start_turn(rig.ledger, StartTurn(session_id=rig.session_id, text="hi"))
+    finally:
+        sender.reset(token)
+    assert rig.rejected() == ["unauthorized_sender"]
+    assert rig.rows("sessions", id=rig.session_id) == []
+
+
+# --- step.completed ---------------------------------------------------------------
+
+
+async def test_a_step_without_calls_completes_the_turn_and_the_session_is_idle(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, text="all done")
+    assert rig.last("turn.completed")["text"] == "all done"
+    assert rig.session()["status"] == "idle"
+    [step] = rig.rows("steps", id=step_id)
+    assert step["status"] == "completed"
+    [attempt] = rig.rows("provider_attempts", step_id=step_id)
+    assert attempt["status"] == "completed"
+
+
+async def test_a_provider_error_fails_the_turn_as_provider_failed(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, error="the provider is down")
+    failed = rig.last("turn.failed")
+    assert (failed["reason_code"], failed["reason_text"]) == ("provider_failed", "the provider is down")
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (turn["status"], turn["reason_code"]) == ("failed", "provider_failed")
+    assert rig.session()["status"] == "idle"
+
+
+async def test_a_report_for_an_unknown_step_is_refused_as_unknown_step(rig):
+    await rig.start()
+    await rig.report(mint("stp"))
+    assert rig.rejected() == ["unknown_step"]
+
+
+async def test_a_second_report_for_a_step_is_discarded_with_its_attempts_counted(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, text="first")
+    await rig.report(step_id, text="second")
+    assert [e["text"] for e in rig.events("turn.completed")] == ["first"]
+    assert [a["status"] for a in rig.rows("provider_attempts", step_id=step_id)] == ["completed", "discarded"]
+
+
+async def test_a_call_that_needs_approval_asks_a_person_and_the_session_waits(rig):
+    requested = await rig.ask(title="Hi")
+    assert rig.session()["status"] == "waiting"
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (request["status"], request["call_id"]) == ("pending", requested["call_id"])
+    assert requested["pending_request_ids"] == [requested["request_id"]]
+    [row] = rig.rows("tool_calls", id=requested["call_id"])
+    assert row["status"] == "awaiting_approval"
+    assert request["response_token_hash"] == domain.token_hash(requested["response_token"])
+
+
+async def test_a_call_allowed_by_policy_runs_at_once_sealed_by_the_ledger(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    assert unseal(LEDGER_KEY.public_key(), execute["authorization"])["basis"] == "policy"
+    [row] = rig.rows("tool_calls", id=execute["call_id"])
+    assert row["status"] == "executing"
+    assert rig.session()["status"] == "running"
+
+
+async def test_a_call_of_an_unknown_tool_closes_at_once_and_the_model_is_asked_again(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("no_such_tool"))
+    [closure] = rig.rows("closures", session_id=rig.session_id)
+    assert (closure["kind"], closure["reason_code"]) == ("error", "unknown_tool")
+    assert len(rig.events("step.requested")) == 2
+
+
+async def test_a_later_step_names_the_requests_the_session_already_waits_on(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("publish_post", "p1", title="a"), call("read_clock", "p2"))
+    first = rig.last("approval.requested")
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    assert rig.session()["status"] == "waiting"
+    assert rig.last("approval.requested")["pending_request_ids"] == [first["request_id"]]
+
+
+async def test_a_turn_at_its_step_bound_ends_as_step_limit_and_tells_an_operator():
+    rig = Rig(turn_bounds=domain.TurnBounds(steps=1))
+    step_id = await rig.start()
+    usage = Usage(input_tokens=5, output_tokens=5)
+    await rig.report(
+        step_id,
+        call("read_clock"),
+        attempts=[ProviderAttempt(number=1, status="completed", provider="scripted", usage=usage)],
+    )
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    assert rig.last("turn.failed")["reason_code"] == domain.STEP_LIMIT
+    assert rig.last("operator.alerted")["reason_code"] == domain.STEP_LIMIT
+    assert len(rig.events("step.requested")) == 1
+
+
+# --- approval.respond -------------------------------------------------------------
+
+
+async def test_an_approval_decides_the_request_and_sends_the_call_to_the_executor_sealed_for_it(rig):
+    requested = await rig.ask(title="Hi")
+    response = await rig.respond(requested, message="go ahead")
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (request["status"], request["token_used_at"]) == ("approved", None)
+    [decision] = rig.rows("decisions", request_id=requested["request_id"])
+    assert (decision["decision"], decision["responder"], decision["response_id"]) == (
+        "approve",
+        "alice",
+        response.response_id,
+    )
+    execute = rig.last("tool.execute")
+    sealed = unseal(LEDGER_KEY.public_key(), execute["authorization"])
+    assert (sealed["basis"], sealed["request_id"]) == ("approval", requested["request_id"])
+    assert rig.last("approval.decided")["decision"] == "approve"
+    assert rig.session()["status"] == "running"
+
+
+async def test_a_denial_closes_the_call_as_denied_and_the_model_is_told(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond(requested, "deny", reason="not today")
+    [closure] = rig.rows("closures", call_id=requested["call_id"])
+    assert (closure["kind"], closure["reason_text"]) == ("denied", "not today")
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "denied"
+    assert len(rig.events("step.requested")) == 2
+    assert rig.events("tool.execute") == []
+
+
+async def test_an_unsigned_response_is_refused_as_unsigned(rig):
+    requested = await rig.ask(title="Hi")
+    unsigned = rig.response(requested).model_copy(update={"signature": None})
+    await handlers.respond_to_approval(rig.ledger, unsigned)
+    assert rig.rejected() == ["unsigned"]
+    assert rig.rows("decisions") == []
+
+
+async def test_a_response_id_used_once_is_refused_as_replayed_the_second_time(rig):
+    requested = await rig.ask(tool="wire_money")
+    first = await rig.respond(requested, responder="alice")
+    again = rig.response(requested, responder="bob", response_id=first.response_id)
+    await handlers.respond_to_approval(rig.ledger, again)
+    assert rig.rejected() == ["replayed"]
+
+
+async def test_a_response_to_an_unknown_request_is_refused_as_unknown_request(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond({**requested, "request_id": mint("apr")})
+    assert rig.rejected() == ["unknown_request"]
+
+
+async def test_a_response_to_a_decided_request_is_refused_as_already_decided(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond(requested)
+    await rig.respond(requested)
+    assert rig.rejected() == ["already_decided"]
+
+
+async def test_a_response_for_other_arguments_than_shown_is_refused_as_digest_mismatch(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond({**requested, "args_digest": "other"})
+    assert rig.rejected() == ["digest_mismatch"]
+
+
+async def test_a_responder_the_tool_does_not_name_is_refused(rig):
+    requested = await rig.ask(tool="deploy")
+    await rig.respond(requested, responder="carol")
+    assert rig.rejected() == ["not_an_approver"]
+
+
+async def test_an_approval_towards_a_request_needing_two_is_counted_and_the_second_decides(rig):
+    requested = await rig.ask(tool="wire_money")
+    await rig.respond(requested, responder="alice")
+    counted = rig.last("approval.counted")
+    assert (counted["count"], counted["required"]) == (1, 2)
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "pending"
+    await rig.respond(requested, responder="alice")
+    assert rig.rejected() == ["already_approved"]
+    await rig.respond(requested, responder="bob")
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+    assert len(rig.rows("approvals", request_id=requested["request_id"])) == 2
+    assert len(rig.events("tool.execute")) == 1
+
+
+async def test_an_approval_of_a_call_whose_row_was_altered_closes_it_and_tells_an_operator(rig):
+    requested = await rig.ask(title="Hi")
+    rig.database.tables["tool_calls"][(requested["call_id"],)]["arguments"] = {"title": "Bye"}
+    await rig.respond(requested)
+    assert rig.rejected() == ["altered"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "altered"
+    [closure] = rig.rows("closures", call_id=requested["call_id"])
+    assert closure["reason_code"] == "altered"
+    assert rig.last("operator.alerted")["reason_code"] == "altered"
+    assert rig.events("tool.execute") == []
+
+
+# --- tool.completed ---------------------------------------------------------------
+
+
+async def test_a_tool_result_is_taken_from_the_executors_sealed_claim_and_the_step_resumes(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond(requested)
+    execute = rig.last("tool.execute")
+    rig.claim(execute, output="posted")
+    await rig.executed(execute)
+    [closure] = rig.rows("closures", call_id=execute["call_id"])
+    assert (closure["kind"], closure["output"]) == ("output", {"value": "posted"})
+    assert rig.last("tool.closed")["kind"] == "output"
+    assert len(rig.events("step.requested")) == 2
+    kinds = [a["kind"] for a in rig.rows("audit_log", subject=execute["call_id"])]
+    assert kinds[-3:] == ["execution.claimed", "execution.finished", "call.closed"]
+
+
+async def test_a_tool_report_without_a_claim_is_refused_and_an_operator_is_told(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    await rig.executed(execute)
+    assert rig.rejected() == ["not_claimed"]
+    assert rig.last("operator.alerted")["reason_code"] == "not_claimed"
+    assert rig.rows("closures") == []
+
+
+async def test_a_tool_report_for_an_unknown_call_is_refused_as_unknown_call(rig):
+    await rig.start()
+    await rig.executed({"call_id": mint("call")})
+    assert rig.rejected() == ["unknown_call"]
+
+
+async def test_a_repeated_tool_report_for_a_closed_call_changes_nothing(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    before = len(rig.database.rows("outbox"))
+    await rig.executed(execute)
+    assert len(rig.database.rows("outbox")) == before
+    assert rig.rejected() == []
+
+
+async def test_an_outcome_unknown_result_closes_its_call_so_and_tells_an_operator(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute, outcome="outcome_unknown", error="it stopped")
+    await rig.executed(execute, outcome="outcome_unknown")
+    [closure] = rig.rows("closures", call_id=execute["call_id"])
+    assert closure["kind"] == "outcome_unknown"
+    assert rig.last("operator.alerted")["reason_code"] == "outcome_unknown"
+
+
+# --- execution.refused ------------------------------------------------------------
+
+
+async def test_an_execution_the_executor_refused_is_audited_and_an_operator_is_told(rig):
+    await rig.start()
+    refusal = RefuseExecution(
+        session_id=rig.session_id, call_id=mint("call"), tool="read_clock", reason_code="bad_seal", reason_text="no"
+    )
+    await handlers.execution_refused(rig.ledger, refusal)
+    alerted = rig.last("operator.alerted")
+    assert (alerted["reason_code"], alerted["call_id"]) == ("bad_seal", refusal.call_id)
+    assert rig.rows("audit_log", kind="execution.refused")[0]["subject"] == refusal.call_id
+
+
+# --- turn.cancel ------------------------------------------------------------------
+
+
+async def test_cancelling_a_waiting_turn_withdraws_its_request_and_closes_its_call_as_cancelled(rig):
+    requested = await rig.ask(title="Hi")
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann", reason="no"))
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "cancelled"
+    [closure] = rig.rows("closures", call_id=requested["call_id"])
+    assert (closure["kind"], closure["reason_text"]) == ("cancelled", "Cancelled by ann: no")
+    assert rig.last("turn.cancelled")["cancelled_by"] == "ann"
+    assert rig.session()["status"] == "cancelled"
+    await rig.respond(requested)
+    assert rig.rejected() == ["already_decided"]
+
+
+async def test_cancelling_a_call_the_executor_has_not_taken_holds_its_claim_back(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    [claim] = rig.rows("execution_claims", call_id=execute["call_id"])
+    assert (claim["holder"], claim["status"], claim["result"]) == (
+        "ledger",
+        "finished",
+        {"error": domain.CANCELLED_BEFORE_RUNNING},
+    )
+    assert rig.rows("closures", call_id=execute["call_id"])[0]["kind"] == "cancelled"
+
+
+async def test_cancelling_a_running_outward_call_closes_it_as_outcome_unknown_and_tells_an_operator(rig):
+    requested = await rig.ask(title="Hi")
+    await rig.respond(requested)
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    rig.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rows("closures", call_id=execute["call_id"])[0]["kind"] == "outcome_unknown"
+    assert rig.last("operator.alerted")["reason_code"] == "outcome_unknown"
+
+
+async def test_a_running_call_of_a_tool_no_longer_in_the_catalogue_counts_as_outward(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    rig.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    rig.ledger.catalogue = ToolCatalogue.model_validate({"tools": []})
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rows("closures", call_id=execute["call_id"])[0]["kind"] == "outcome_unknown"
+
+
+async def test_cancelling_a_session_without_an_open_turn_is_refused_as_nothing_to_cancel(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, text="done")
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rejected() == ["nothing_to_cancel"]
+
+
+async def test_cancelling_another_persons_turn_is_refused(rig):
+    await rig.start(started_by="ann")
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="mallory"))
+    assert rig.rejected() == ["may_not_cancel"]
+
+
+async def test_a_model_step_running_when_its_turn_is_cancelled_is_discarded_when_it_reports(rig):
+    step_id = await rig.start()
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rows("steps", id=step_id)[0]["status"] == "cancelled"
+    await rig.report(step_id, text="late")
+    assert rig.events("turn.completed") == []
+
+
+# --- the sweeps: expiry and escalation ----------------------------------------------
+
+
+async def test_a_request_past_its_deadline_closes_as_expired_once(rig):
+    rig.ledger.approval_timeout = 0.001
+    requested = await rig.ask(title="Hi")
+    [(request_id, session_id)] = await _due(rig, "due_requests")
+    assert await handlers.expire_request(rig.ledger, request_id, session_id)
+    assert not await handlers.expire_request(rig.ledger, request_id, session_id)
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "expired"
+    assert rig.rows("closures", call_id=requested["call_id"])[0]["kind"] == "expired"
+    assert len(rig.events("approval.expired")) == 1
+
+
+async def test_a_request_before_its_deadline_does_not_expire(rig):
+    requested = await rig.ask(title="Hi")
+    assert not await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
+
+
+async def test_a_request_is_escalated_once_to_its_tools_group_who_may_then_approve_it(rig):
+    requested = await rig.ask(tool="deploy")
+    assert await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    assert not await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    [escalated] = rig.events("approval.escalated")
+    assert escalated["escalated_to"] == ["lena"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["escalated_to"] == ["lena"]
+    await rig.respond(requested, responder="lena")
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+
+
+async def test_a_request_of_a_tool_without_escalation_or_no_longer_pending_is_not_escalated(rig):
+    plain = await rig.ask(title="Hi")
+    assert not await handlers.escalate_request(rig.ledger, plain["request_id"], rig.session_id)
+    await rig.respond(plain)
+    other = Rig()
+    requested = await other.ask(tool="deploy")
+    await other.respond(requested)
+    assert not await handlers.escalate_request(other.ledger, requested["request_id"], other.session_id)
+
+
+async def _due(rig: Rig, read: str) -> list[tuple[str, str]]:
+    async with rig.ledger.unit_of_work() as store:
+        return await getattr(store, read)(now() + timedelta(seconds=1))
+
+
+# --- parked messages --------------------------------------------------------------
+
+
+def parked(rig: Rig, message_type: str, **envelope) -> ParkedMessage:
+    return ParkedMessage(
+        message_id=mint("msg"),
+        message_type=message_type,
+        session_id=rig.session_id,
+        reason="delivery_limit",
+        detail="redelivered too often",
+        consumer="unit",
+        parked_at=now().isoformat(),
+        envelope=envelope,
+    )
+
+
+async def test_a_parked_step_request_fails_the_turn_waiting_on_it(rig):
+    step_id = await rig.start()
+    await handlers.message_parked(rig.ledger, parked(rig, "step.requested", step_id=step_id))
+    failed = rig.last("turn.failed")
+    assert failed["reason_code"] == "message_parked"
+    assert rig.session()["status"] == "idle"
+
+
+async def test_a_parked_execution_fails_the_turn_and_holds_the_calls_claim_back(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    await handlers.message_parked(rig.ledger, parked(rig, "tool.execute", call_id=execute["call_id"]))
+    assert rig.last("turn.failed")["reason_code"] == "message_parked"
+    assert rig.rows("execution_claims", call_id=execute["call_id"])[0]["holder"] == "ledger"
+
+
+async def test_a_parked_message_nothing_waits_on_changes_nothing(rig):
+    await rig.start()
+    before = len(rig.database.rows("outbox"))
+    await handlers.message_parked(rig.ledger, parked(rig, "approval.respond", request_id="apr_x"))
+    await handlers.message_parked(rig.ledger, parked(rig, "step.completed", step_id="stp_other"))
+    assert len(rig.database.rows("outbox")) == before
+
+
+# --- one transaction, several transitions (group commit) ------------------------------
+
+
+async def test_transitions_settled_in_one_store_commit_together_and_a_duplicate_among_them_is_skipped(rig):
+    first = StartTurn(session_id=rig.session_id, text="a")
+    other = StartTurn(session_id=mint("ses"), text="b")
+    async with rig.ledger.unit_of_work() as store:
+        for message in (first, other):
+            await handlers.start_turn.within(rig.ledger, store, message)
+            await store.settle()
+        with pytest.raises(Duplicate):
+            await handlers.start_turn.within(rig.ledger, store, first)
+        assert rig.database.rows("turns") == []
+        await store.commit()
+    assert len(rig.database.rows("turns")) == 2
+    assert store.settled == 2
