@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from shared.catalogue import ToolCatalogue, ToolSpec
 from shared.keyring import Channel
+from shared.ledger import held_back
 from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, TranscriptEntry
 from shared.signatures import verify
 from shared.topology import Topology
@@ -702,7 +703,8 @@ class ClaimOnRecord:
     authorization: str | None = None
 
 
-CANCELLED_BEFORE_RUNNING = "cancelled before it ran"
+# What the ledger's own claim on a call it held back says (shared/ledger/held_back.py).
+CANCELLED_BEFORE_RUNNING = held_back.CANCELLED_BEFORE_RUNNING
 
 
 def effect_of(spec: ToolSpec | None) -> str:

@@ -23,7 +23,7 @@ from .domain import TurnBounds
 from .group_commit import GroupCommit
 from .handlers import Ledger
 from .retention import Retention, sweep_forever
-from .store_database import database_store
+from .store_database import database_store, writers
 
 # The ledger's PostgreSQL pool: one connection per group-commit lane, the rest for
 # the sweeps and parked messages.
@@ -67,11 +67,11 @@ async def run(settings: Settings) -> None:
     # Transitions wait in the lanes, not in the pool: no more transactions at once
     # than there are connections, so load never meets the pool's checkout timeout
     # (failed handlers, redeliveries, dead letters). SQLite has one writer: one lane.
-    group = GroupCommit(ledger, lanes=LANES if settings.is_postgres else 1, bound=GROUP_BOUND)
+    group = GroupCommit(ledger, lanes=writers(engine, LANES), bound=GROUP_BOUND)
     for message_type, model, handler in ROUTES:
         # A redelivery is recognised by the inbox, one statement inside the transition's own transaction.
         runtime.consume(message_type, TypeAdapter(model), partial(group.apply, handler))
-    parked = asyncio.Semaphore(POOL_SIZE - LANES if settings.is_postgres else 1)
+    parked = asyncio.Semaphore(writers(engine, POOL_SIZE - LANES))
 
     async def apply_parked(message) -> None:
         async with parked:

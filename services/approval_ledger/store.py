@@ -36,10 +36,11 @@ from datetime import datetime
 from typing import Any
 
 from shared import audit, faults
+from shared.ledger.held_back import held_back_claim
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
-from .domain import CANCELLED_BEFORE_RUNNING, Call, ClaimOnRecord, RequestOnRecord, Step, TurnSpend
+from .domain import Call, ClaimOnRecord, RequestOnRecord, Step, TurnSpend
 
 # The tables a transition inserts into, parents before children (foreign keys).
 INSERT_ORDER: tuple[str, ...] = (
@@ -339,21 +340,7 @@ class LedgerStore(ABC):
         claim = await self.claim(call.id, lock=True)
         if claim is not None:
             return claim
-        self.add(
-            "execution_claims",
-            {
-                "call_id": call.id,
-                "idempotency_key": call.idempotency_key,
-                "status": "finished",
-                "holder": "ledger",
-                "lease_expires_at": self.now,
-                "attempts": 0,
-                "outcome": "error",
-                "result": {"error": CANCELLED_BEFORE_RUNNING},
-                "claimed_at": self.now,
-                "finished_at": self.now,
-            },
-        )
+        self.add("execution_claims", held_back_claim(call.id, call.idempotency_key, self.now))
         return None
 
     def emit(self, session: SessionState | None, message: Envelope) -> Envelope:

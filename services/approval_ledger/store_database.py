@@ -16,3 +16,8 @@ def database_store(engine: AsyncEngine, topology: Topology, notify_channel: str 
     if engine.dialect.name == "postgresql":
         return PostgresStore(engine, topology, notify_channel)
     return DatabaseStore(engine, topology, notify_channel)
+
+
+def writers(engine: AsyncEngine, wanted: int) -> int:
+    """How many transactions may write at once: `wanted` on PostgreSQL; SQLite has one writer."""
+    return wanted if engine.dialect.name == "postgresql" else 1

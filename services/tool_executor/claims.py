@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.authorization import Authorization, request_seal_names
 from shared.ledger import driver
+from shared.ledger.call_on_record import CALL_ON_RECORD
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES, ExecutionClaim
 from shared.messages import Outcome, now
@@ -136,22 +137,8 @@ def ledger_allows(
     return None
 
 
-TOOL_CALLS, APPROVAL_REQUESTS, DECISIONS = TABLES["tool_calls"], TABLES["approval_requests"], TABLES["decisions"]
-_CALL_ON_RECORD = (
-    select(
-        TOOL_CALLS.c.tool,
-        TOOL_CALLS.c.arguments,
-        APPROVAL_REQUESTS.c.id,
-        DECISIONS.c.decision,
-        APPROVAL_REQUESTS.c.call_seal,
-    )
-    .select_from(
-        TOOL_CALLS.outerjoin(APPROVAL_REQUESTS, APPROVAL_REQUESTS.c.call_id == TOOL_CALLS.c.id).outerjoin(
-            DECISIONS, DECISIONS.c.request_id == APPROVAL_REQUESTS.c.id
-        )
-    )
-    .where(TOOL_CALLS.c.id == bindparam("call_id"))
-)
+# What the executor reads of the ledger's rows, in one query of the ledger's (shared/ledger/call_on_record.py).
+_CALL_ON_RECORD = CALL_ON_RECORD
 CLAIMS = TABLES["execution_claims"]
 # Built once: the hot path runs them for every call, and building costs more than executing a cached one.
 _FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}

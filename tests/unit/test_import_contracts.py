@@ -45,3 +45,60 @@ def test_no_module_imports_itself_through_others(graph):
             if back:
                 loops.add(" -> ".join((module, *back)))
     assert sorted(loops) == []
+
+
+# What the operator's tools (the CLI, the console, `signoff status`) may use of a service:
+# each named module, narrow and without I/O of the service's own; nothing else of it.
+OPERATOR_TOOLS = {
+    "services.cli": {"services.gateway.programs", "services.gateway.users", "services.gateway.settings"},
+    "services.console": {"services.approval_ledger.domain", "services.gateway.users", "services.gateway.settings"},
+    "services.status": {"services.approval_ledger.backlog"},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(OPERATOR_TOOLS))
+def test_the_operator_tools_use_only_the_named_modules_of_a_service(graph, tool):
+    used = {
+        imported
+        for imported in graph.find_modules_directly_imported_by(tool)
+        if any(imported == service or imported.startswith(service + ".") for service in SERVICES)
+    }
+    assert used <= OPERATOR_TOOLS[tool], f"{tool} uses {sorted(used - OPERATOR_TOOLS[tool])} of a service"
+
+
+@pytest.mark.parametrize("tool", sorted(OPERATOR_TOOLS))
+@pytest.mark.parametrize(
+    "internal",
+    ("services.approval_ledger.handlers", "services.approval_ledger.store", "services.approval_ledger.records",
+     "services.tool_executor.claims", "services.tool_executor.handlers", "services.publisher.relay"),
+)
+def test_the_operator_tools_never_reach_a_services_transitions_or_storage(graph, tool, internal):
+    assert chains(graph, tool, internal) == []
+
+
+# Where one service's tables meet another's (docs/design.md, "Services and who owns what"):
+# each crossing has one named module, and only the service that crosses uses it.
+@pytest.mark.parametrize(
+    "crossing, users",
+    (
+        # The executor's one read of the ledger's tool_calls, approval_requests and decisions.
+        ("shared.ledger.call_on_record", {"services.tool_executor.claims"}),
+        # The ledger's one write in the executor's execution_claims (a call held back).
+        ("shared.ledger.held_back", {"services.approval_ledger.store", "services.approval_ledger.domain"}),
+    ),
+)
+def test_each_crossing_between_two_services_tables_is_one_named_module_used_by_the_crossing_service(
+    graph, crossing, users
+):
+    importers = {m for m in graph.find_modules_that_directly_import(crossing) if m.startswith("services")}
+    assert importers == users
+
+
+def test_the_executor_names_none_of_the_ledgers_tables_but_through_its_crossing():
+    from pathlib import Path
+
+    executor = Path(__file__).resolve().parents[2] / "services" / "tool_executor"
+    for module in executor.glob("*.py"):
+        source = module.read_text()
+        for table in ("tool_calls", "approval_requests", "decisions", "sessions", "turns", "steps"):
+            assert f'TABLES["{table}"]' not in source, f"{module.name} reads the ledger's {table} itself"

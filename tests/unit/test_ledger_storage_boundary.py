@@ -1,0 +1,70 @@
+"""Every database detail of the ledger's transitions lives in its two database adapters
+(store_sql.py, store_postgres.py, and store_database.py, which picks one), migrations and
+shared/ledger/: the handlers, their records, the rules, the port, the memory adapter, the
+group commit and the entrypoint hold no SQL, no connection and no dialect check."""
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+LEDGER = Path(__file__).resolve().parents[2] / "services" / "approval_ledger"
+DATABASE_ADAPTERS = {"store_sql.py", "store_postgres.py", "store_database.py"}
+# The sweeps beside the transitions (linking the global audit chain, retention, the backlog's
+# measurements) still query the database themselves: not yet behind the port.
+NOT_YET_BEHIND_THE_PORT = {"audit.py", "retention.py", "backlog.py"}
+TRANSITION_MODULES = sorted(
+    p.name for p in LEDGER.glob("*.py") if p.name not in DATABASE_ADAPTERS | NOT_YET_BEHIND_THE_PORT
+)
+SQL = re.compile(r"\b(SELECT\s+[\w*(]|INSERT\s+INTO\b|UPDATE\s+\w+\s+SET\b|DELETE\s+FROM\b|ON\s+CONFLICT\b|FOR\s+UPDATE\b)")
+DRIVERS = {"sqlalchemy", "asyncpg", "aiosqlite", "sqlite3"}
+CONNECTIONS = {"db", "execute", "exec_driver_sql", "run_sync", "engine", "connect"}
+DIALECTS = {"dialect", "is_postgres"}
+
+
+def found_in(source: str) -> list[str]:
+    """What of a database a module's code holds (its comments and docstrings may name one)."""
+    names, strings = set(), []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME:
+            names.add(token.string)
+        elif token.type == tokenize.STRING:
+            strings.append(token.string)
+    found = []
+    if names & DRIVERS:
+        found.append("a driver or SQLAlchemy")
+    if any(SQL.search(string) for string in strings):
+        found.append("SQL")
+    if names & CONNECTIONS:
+        found.append("a connection")
+    if names & DIALECTS or any(string.strip("\"'") in ("postgresql", "sqlite") for string in strings):
+        found.append("a dialect check")
+    return found
+
+
+def test_the_transition_modules_are_the_ones_expected():
+    # A new module lands on one side of the boundary on purpose.
+    assert TRANSITION_MODULES == [
+        "__init__.py", "authority.py", "domain.py", "group_commit.py", "handlers.py", "main.py", "records.py",
+        "store.py", "store_memory.py",
+    ]
+
+
+def test_the_check_finds_sql_a_connection_and_a_dialect_check():
+    assert found_in('from sqlalchemy import select\nrows = await store.db.execute("SELECT id FROM t")') == [
+        "a driver or SQLAlchemy", "SQL", "a connection",
+    ]
+    assert found_in('if engine.dialect.name == "postgresql":\n    pass') == ["a connection", "a dialect check"]
+    assert found_in('# SELECT x FROM the PostgreSQL db\n"""the SQLite file"""') == []
+
+
+@pytest.mark.parametrize("module", TRANSITION_MODULES)
+def test_no_database_detail_outside_the_database_adapters(module):
+    source = (LEDGER / module).read_text()
+    found = found_in(source)
+    if module == "main.py":
+        # The entrypoint makes the engine and hands it to the adapters; it runs no statement.
+        found.remove("a connection")
+    assert found == [], f"{module} holds {', '.join(found)}: it belongs in a database adapter"
