@@ -84,14 +84,15 @@ compose-check: $(STAMP)
 # `mutation-smoke`, below); the scores: docs/design.md, "Mutation scores".
 # mutmut mutates a copy in mutants/ (the working tree is never touched), then this
 # prints one score per unit: killed (or timed out) / mutants made. A unit is a prefix
-# of mutmut's mutant names (claims.py: its pure functions; the Claims class needs a database).
+# of mutmut's mutant names (claims.py: its pure functions; the Claims class needs a database;
+# handlers.py: against the in-memory store, tests/unit/test_ledger_handlers.py).
 # To add a module: list its file under [tool.mutmut] only_mutate in pyproject.toml and
 # its prefix here.
 MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ services.tool_executor.claims.x_fresh_claim_ \
 	services.tool_executor.claims.x_retaken_claim_ services.tool_executor.claims.x_renewed_lease_ \
 	services.tool_executor.claims.x_lost_call_ shared.catalogue. \
 	services.model_step.tool_call_ids. services.model_step.transcript_guard. \
-	services.approval_ledger.domain. shared.redaction.
+	services.approval_ledger.domain. shared.redaction. services.approval_ledger.handlers.
 
 mutation: $(STAMP)
 	rm -rf mutants && mkdir mutants

@@ -152,8 +152,7 @@ def _sending_channel(ledger: Ledger) -> str | None:
     return ledger.topology.channel_of(sender.get())
 
 
-@transition
-async def start_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: StartTurn) -> None:
+async def _start_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: StartTurn) -> None:
     assert session is not None, "a turn opens its session"
     refused = domain.refuse_turn(session.status)
     if refused:
@@ -175,8 +174,7 @@ async def start_turn(ledger: Ledger, store: LedgerStore, session: SessionState |
     await records.step_request(store, session, turn_id, ledger.catalogue, command)
 
 
-@transition
-async def model_step_completed(
+async def _model_step_completed(
     ledger: Ledger, store: LedgerStore, session: SessionState | None, report: ModelStepCompleted
 ) -> None:
     loaded = await store.step(report.step_id, report.session_id)
@@ -344,8 +342,7 @@ async def _plan_and_record_calls(
     return pending
 
 
-@transition
-async def respond_to_approval(
+async def _respond_to_approval(
     ledger: Ledger, store: LedgerStore, session: SessionState | None, response: RespondToApproval
 ) -> None:
     authority = ledger.authority
@@ -458,8 +455,9 @@ async def _decide(
     await _resume(ledger, store, session, call.turn_id, resumed, response)
 
 
-@transition
-async def tool_executed(ledger: Ledger, store: LedgerStore, session: SessionState | None, report: ToolExecuted) -> None:
+async def _tool_executed(
+    ledger: Ledger, store: LedgerStore, session: SessionState | None, report: ToolExecuted
+) -> None:
     step = await store.call_and_siblings(report.call_id, report.session_id)
     call = step.find(report.call_id)
     verdict = domain.judge_tool_report(call if session else None, report.session_id)
@@ -517,8 +515,7 @@ async def tool_executed(ledger: Ledger, store: LedgerStore, session: SessionStat
     await _resume(ledger, store, session, call.turn_id, resumed, report)
 
 
-@transition
-async def execution_refused(
+async def _execution_refused(
     ledger: Ledger, store: LedgerStore, session: SessionState | None, refusal: RefuseExecution
 ) -> None:
     """The executor refused a `tool.execute` it could not verify: nothing ran, and
@@ -647,8 +644,7 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
         await asyncio.sleep(every)
 
 
-@transition
-async def cancel_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: CancelTurn) -> None:
+async def _cancel_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: CancelTurn) -> None:
     """Stop the open turn: every open call closes honestly (`cancellation_closure`),
     its closures are written for the model's next turn, a model step still running
     is discarded when it reports, and the session says `cancelled` until a new turn."""
@@ -746,3 +742,14 @@ async def _fail_turn_waiting_on(ledger: Ledger, parked: ParkedMessage, session_i
         records.end_turn(store, session, failed)
         await store.commit()
         log.warning("turn %s of session %s failed: %s", turn_id, session_id, said)
+
+
+# Each message's handler as one transition, as the consumers call it (main.py, ROUTES).
+# Wrapped here, not decorated: mutmut mutates no decorated function, and these are
+# the functions whose mutants the in-memory handler tests must kill.
+start_turn = transition(_start_turn)
+model_step_completed = transition(_model_step_completed)
+respond_to_approval = transition(_respond_to_approval)
+tool_executed = transition(_tool_executed)
+execution_refused = transition(_execution_refused)
+cancel_turn = transition(_cancel_turn)
