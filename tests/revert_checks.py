@@ -694,8 +694,32 @@ MUTATIONS = [
    "                leeway=30,\n",
    "                leeway=10**9,\n",
    "tests/integration/test_gateway_oidc.py::test_an_expired_id_token_a_wrong_audience_and_a_bad_signature_are_refused_and_log_nobody_in[sqlite-expired]"),
+  # Issue 22: the ledger's storage as one port; the rules that left the handlers, on the memory store.
+  ("a dialect check back in the ledger's entrypoint", "services/approval_ledger/main.py",
+   "lanes=writers(engine, LANES)",
+   "lanes=LANES if settings.is_postgres else 1",
+   "tests/unit/test_ledger_storage_boundary.py"),
+  ("the executor reads the ledger's tables itself, not through its one crossing", "services/tool_executor/claims.py",
+   "_CALL_ON_RECORD = CALL_ON_RECORD\n",
+   "_CALL_ON_RECORD = CALL_ON_RECORD.where(TABLES[\"tool_calls\"].c.id.isnot(None))\n",
+   "tests/unit/test_import_contracts.py::test_the_executor_names_none_of_the_ledgers_tables_but_through_its_crossing"),
+  ("a request is escalated again once escalated", "services/approval_ledger/domain.py",
+   "    if request is None or request.status != \"pending\" or request.escalated:\n        return False\n    return spec",
+   "    if request is None or request.status != \"pending\":\n        return False\n    return spec",
+   "tests/unit/test_ledger_handlers.py::test_a_request_is_escalated_once_to_its_tools_group_who_may_then_approve_it"),
+  ("a provider error does not fail the turn", "services/approval_ledger/domain.py",
+   "    return None if error is None else (PROVIDER_FAILED, error)",
+   "    return None",
+   "tests/unit/test_ledger_handlers.py::test_a_provider_error_fails_the_turn_as_provider_failed"),
+  ("a refused turn opens its session", "services/approval_ledger/domain.py",
+   "    if not is_turn or refused is not None:\n        return None",
+   "    if not is_turn:\n        return None",
+   "tests/unit/test_ledger_handlers.py::test_a_message_from_a_sender_that_may_not_send_it_is_refused_and_opens_no_session"),
+  ("a running call of a tool gone from the catalogue counts as a read", "services/approval_ledger/domain.py",
+   "    return spec.effect if spec is not None else \"outward\"",
+   "    return spec.effect if spec is not None else \"read\"",
+   "tests/unit/test_ledger_handlers.py::test_a_running_call_of_a_tool_no_longer_in_the_catalogue_counts_as_outward"),
 ]
-
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
 # fixture), not that a test saw the invariant broken: it is not counted as caught.
