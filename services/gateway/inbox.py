@@ -20,8 +20,10 @@ text, "this card expired", "already decided", "the arguments changed".
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -211,6 +213,20 @@ async def open_turn(ledger, session_id: str) -> Turn | None:
         )
 
 
+async def until_on_record(gateway, session_id: str) -> bool:
+    """A session just started is on record once the ledger has committed its turn: the
+    page it leads to waits for that (at most as long as a decision waits for its verdict),
+    so it does not open on "no such session"."""
+    deadline = time.monotonic() + gateway.settings.gateway_decision_wait_seconds
+    pause = 0.02
+    while await gateway.ledger.session(session_id) is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+    return True
+
+
 # --- forms -------------------------------------------------------------------------------------
 
 
@@ -373,12 +389,14 @@ def install_routes(app: FastAPI, api: Any) -> None:
             return problem_page(request, Problem(422, "invalid", "Say what the agent should do"))
         except Problem as problem:
             return problem_page(request, problem)
+        await until_on_record(api.gateway_of(request), started.session_id)
         return RedirectResponse(f"{PREFIX}/sessions/{started.session_id}", status_code=303)
 
     # --- a card --------------------------------------------------------------------------
 
     @router.get("/requests/{request_id}")
     async def card_page(request: Request, request_id: str) -> Response:
+        who = None
         try:
             who = await person(request)
             if who is None:
@@ -387,7 +405,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
                 request_id=_identifier(request_id), request=request, who=who
             )
         except Problem as problem:
-            return problem_page(request, problem)
+            return problem_page(request, problem, who)
         ledger = api.gateway_of(request).ledger
         shown = shown_card(card, datetime.now(UTC))
         starters = await ledger.starters(card["session_id"])
@@ -458,6 +476,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
 
     @router.get("/sessions/{session_id}")
     async def session_page(request: Request, session_id: str) -> Response:
+        who = None
         try:
             who = await person(request)
             if who is None:
@@ -466,7 +485,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
                 session_id=_identifier(session_id), request=request, who=who
             )
         except Problem as problem:
-            return problem_page(request, problem)
+            return problem_page(request, problem, who)
         ledger = api.gateway_of(request).ledger
         turn = await open_turn(ledger, session_id)
         now = datetime.now(UTC)

@@ -302,7 +302,8 @@ async def test_a_person_who_may_not_approve_sees_the_ledgers_reason_and_nothing_
     sam.open("/inbox")
     sam.until(card_in_inbox(card["id"]))
     # His own session's card waits on someone else, and the inbox says why.
-    assert card["id"] in sam.find("#cards section:last-of-type").text
+    assert sam.all(f"section[aria-labelledby=others-heading] [data-request='{card['id']}']")
+    assert not sam.all(f"section[aria-labelledby=mine-heading] [data-request='{card['id']}']")
     assert "you started this session" in sam.find(f"#card-{card['id']}").text
     sam.find(f"#open-{card['id']}").click()
     sam.until(lambda b: b.all("#hint"))
@@ -317,6 +318,39 @@ async def test_a_person_who_may_not_approve_sees_the_ledgers_reason_and_nothing_
     [request] = await rows(gateway, ApprovalRequest, id=card["id"])
     assert request.status == "pending" and await rows(gateway, Decision, request_id=card["id"]) == []
     await ran(sink, "/separated", 0)
+
+
+async def test_the_starter_reads_the_sessions_story_and_cancels_its_open_turn_from_its_page(
+        gateway, sink, browsers, store):
+    alice = browsers("alice")
+    alice.login("alice")
+    alice.find("#start-text").send_keys("Post the reviewed message, please.")
+    alice.find("#start").click()
+    alice.until(lambda b: "/inbox/sessions/" in b.driver.current_url, what="the new session's page")
+    session_id = alice.driver.current_url.rsplit("/", 1)[1]
+    alice.live()
+    # The tests' default reply calls post_to_sink with an API token among its arguments; the
+    # turn waits for a person, and the page shows it live.
+    alice.until(lambda b: "waiting on 1 card" in b.find("#turn-status").text, what="the turn to wait on a card")
+    alice.until(lambda b: b.find("#session-live ul a").click() or True, what="the card's link")
+    alice.until(lambda b: b.all("#arguments"))
+    assert '"api_token": "***redacted***"' in alice.find("#arguments").text
+    assert "sk-secret-123" not in alice.driver.page_source
+    alice.driver.back()
+    alice.live()
+    story = alice.find("#story").text
+    assert "alice started turn" in story and "needs a person's approval" in story, story
+    alice.find("#cancel-reason").send_keys("Changed my mind.")
+    alice.find("#cancel").click()
+    alice.until(lambda b: "cancelled by alice: Changed my mind." in b.find("#turn-status").text,
+                what="the turn to say it was cancelled")
+    alice.until(lambda b: "closed as cancelled" in b.find("#story").text, what="the story to tell the closure")
+    alice.until(lambda b: b.find("#session-status").text.startswith("cancelled"), what="the session's status")
+    assert not alice.all("#cancel")
+    alice.shot(f"session-cancelled-{store}")
+    [request] = await rows(gateway, ApprovalRequest, session_id=session_id)
+    assert request.status == "cancelled"
+    assert sum(sink.counts.values()) == 0
 
 
 def press(browser: Browser, *keys: str) -> None:

@@ -101,7 +101,13 @@
   }
 
   async function refreshSession() {
-    await refresh(["session-live"]);
+    // The cancel form is left alone while the turn is open (a reason being typed stays);
+    // it goes when the turn has ended, and comes when a new one opens.
+    const result = await refresh(["session-live", "session-story"]);
+    if (!result) return;
+    const mine = document.getElementById("cancel-form"), theirs = result.fresh.getElementById("cancel-form");
+    if (mine && !theirs) mine.remove();
+    if (!mine && theirs) document.getElementById("session-story").before(theirs);
   }
 
   const EVENTS = ["approval.requested", "approval.counted", "approval.decided", "approval.expired",
