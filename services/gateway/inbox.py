@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
@@ -206,10 +207,7 @@ async def story(ledger, session_id: str) -> list[dict[str, Any]]:
 async def open_turn(ledger, session_id: str) -> Turn | None:
     async with ledger.sessions() as db:
         return await db.scalar(
-            select(Turn)
-            .where(Turn.session_id == session_id)
-            .order_by(Turn.created_at.desc(), Turn.id.desc())
-            .limit(1)
+            select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc(), Turn.id.desc()).limit(1)
         )
 
 
@@ -236,7 +234,8 @@ async def form_of(request: Request) -> dict[str, str]:
     if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         raise Problem(415, "unsupported-media-type", "Send the page's form", "A form of the inbox's pages.")
     try:
-        fields = parse_qs((await request.body()).decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+        text = (await request.body()).decode("utf-8")
+        fields = parse_qs(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
     except (UnicodeDecodeError, ValueError):
         raise Problem(400, "malformed-form", "The form could not be read") from None
     return {name: values[0] for name, values in fields.items()}
@@ -264,7 +263,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
     def endpoint(method: str, path: str):
         """The API route's own function, so the pages do exactly what the API does."""
         for route in app.router.routes:
-            if getattr(route, "path", None) == path and method in getattr(route, "methods", ()):
+            if isinstance(route, APIRoute) and route.path == path and method in route.methods:
                 return route.endpoint
         raise LookupError(f"no {method} {path} route")
 
@@ -370,9 +369,8 @@ def install_routes(app: FastAPI, api: Any) -> None:
         cards = await ledger.requests(who.user, "pending", None, None, 500)
         starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
         now = datetime.now(UTC)
-        split = sorted_for(
-            who.user, [shown_card(c, now) for c in cards], starters, await approved_by(ledger, who.user, [c["id"] for c in cards])
-        )
+        approved = await approved_by(ledger, who.user, [c["id"] for c in cards])
+        split = sorted_for(who.user, [shown_card(c, now) for c in cards], starters, approved)
         notice = None
         if decided and outcome in OUTCOMES:
             notice = OUTCOMES[outcome].format(request=visible(decided, FIELD_CHARS))
@@ -582,4 +580,3 @@ def _shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
         "closure": entry.get("closure"),
         "call_id": entry.get("call_id"),
     }
-

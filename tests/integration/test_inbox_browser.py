@@ -83,6 +83,10 @@ class Browser:
                 raise AssertionError(f"{self.name}: timed out waiting for {what} at {self.driver.current_url}")
             time.sleep(0.1)
 
+    def click(self, css: str) -> None:
+        """Clicks the element, looked up again if the page's live update swapped it out."""
+        self.until(lambda b: b.find(css).click() or True, what=f"{css} to click")
+
     def text(self) -> str:
         return self.find("body").text
 
@@ -90,7 +94,7 @@ class Browser:
         self.open("/inbox/login")
         self.find("#name").send_keys(name)
         self.find("#password").send_keys(password)
-        self.find("#login").click()
+        self.click("#login")
         self.until(lambda b: b.driver.current_url.endswith("/inbox") and b.find("h1").text == "Inbox",
                    what="the inbox after logging in")
 
@@ -166,13 +170,13 @@ async def test_a_person_logs_in_approves_from_the_inbox_and_the_tool_runs_once(g
     for shown in ("post_reviewed", "outward", "alice, bob, carol", "0 of 1", '"message": "reviewed"'):
         assert shown in summary, (shown, summary)
     alice.shot(f"inbox-{store}")
-    alice.find(f"#open-{card['id']}").click()
+    alice.click(f"#open-{card['id']}")
     alice.until(lambda b: b.all("#approve"), what="the card page")
     assert alice.find("#digest").text == card["args_digest"]
     assert alice.find("#approve-form input[name=args_digest]").get_attribute("value") == card["args_digest"]
     alice.find("#message").send_keys("Looks right; post it.")
     alice.shot(f"card-{store}")
-    alice.find("#approve").click()
+    alice.click("#approve")
     alice.until(lambda b: "You approved" in b.find("#notice").text, what="the approval's notice")
     assert not alice.all(f"#cards [data-request='{card['id']}']")
     await ran(sink, "/reviewed", 1)
@@ -199,8 +203,8 @@ async def test_when_one_person_approves_the_card_leaves_the_other_persons_open_i
         browser.until(card_in_inbox(card["id"]), what="the card")
     # Proof that alice's page is never reloaded: a mark on its window survives.
     alice.driver.execute_script("window.__notReloaded = true")
-    bob.find(f"#open-{card['id']}").click()
-    bob.until(lambda b: b.all("#approve")).pop().click()
+    bob.click(f"#open-{card['id']}")
+    bob.click("#approve")
     bob.until(lambda b: b.all("#notice"), what="bob's notice")
     alice.until(lambda b: not card_in_inbox(card["id"])(b), what="the card to leave alice's inbox")
     assert alice.driver.execute_script("return window.__notReloaded === true"), "alice's inbox was reloaded"
@@ -221,16 +225,16 @@ async def test_a_denial_needs_a_reason_and_the_model_is_told_it(gateway, sink, b
     alice.until(lambda b: b.all("#deny"))
     # The browser will not send a denial without a reason ...
     assert alice.find("#reason").get_attribute("required") is not None
-    alice.find("#deny").click()
+    alice.click("#deny")
     assert "/inbox/requests/" in alice.driver.current_url and alice.all("#deny")
     # ... and neither will the gateway, should a page send one anyway.
     alice.driver.execute_script("document.getElementById('reason').removeAttribute('required')")
-    alice.find("#deny").click()
+    alice.click("#deny")
     alice.until(lambda b: b.find("#problem-title").text == "Say why you deny it", what="the reason-required page")
     assert await rows(gateway, Decision, request_id=card["id"]) == []
     alice.open(f"/inbox/requests/{card['id']}")
     alice.find("#reason").send_keys("Not on a Friday.")
-    alice.find("#deny").click()
+    alice.click("#deny")
     alice.until(lambda b: "You denied" in b.find("#notice").text)
     [decision] = await rows(gateway, Decision, request_id=card["id"])
     assert (decision.decision, decision.reason) == ("deny", "Not on a Friday.")
@@ -305,9 +309,9 @@ async def test_a_person_who_may_not_approve_sees_the_ledgers_reason_and_nothing_
     assert sam.all(f"section[aria-labelledby=others-heading] [data-request='{card['id']}']")
     assert not sam.all(f"section[aria-labelledby=mine-heading] [data-request='{card['id']}']")
     assert "you started this session" in sam.find(f"#card-{card['id']}").text
-    sam.find(f"#open-{card['id']}").click()
+    sam.click(f"#open-{card['id']}")
     sam.until(lambda b: b.all("#hint"))
-    sam.find("#approve").click()
+    sam.click("#approve")
     sam.until(lambda b: b.all("#refused-title"), what="the refusal page")
     assert sam.find("#refused-title").text == "You may not approve this"
     reason = sam.find("#refused-reason").text
@@ -325,14 +329,14 @@ async def test_the_starter_reads_the_sessions_story_and_cancels_its_open_turn_fr
     alice = browsers("alice")
     alice.login("alice")
     alice.find("#start-text").send_keys("Post the reviewed message, please.")
-    alice.find("#start").click()
+    alice.click("#start")
     alice.until(lambda b: "/inbox/sessions/" in b.driver.current_url, what="the new session's page")
     session_id = alice.driver.current_url.rsplit("/", 1)[1]
     alice.live()
     # The tests' default reply calls post_to_sink with an API token among its arguments; the
     # turn waits for a person, and the page shows it live.
     alice.until(lambda b: "waiting on 1 card" in b.find("#turn-status").text, what="the turn to wait on a card")
-    alice.until(lambda b: b.find("#session-live ul a").click() or True, what="the card's link")
+    alice.click("#session-live ul a")
     alice.until(lambda b: b.all("#arguments"))
     assert '"api_token": "***redacted***"' in alice.find("#arguments").text
     assert "sk-secret-123" not in alice.driver.page_source
@@ -341,7 +345,7 @@ async def test_the_starter_reads_the_sessions_story_and_cancels_its_open_turn_fr
     story = alice.find("#story").text
     assert "alice started turn" in story and "needs a person's approval" in story, story
     alice.find("#cancel-reason").send_keys("Changed my mind.")
-    alice.find("#cancel").click()
+    alice.click("#cancel")
     alice.until(lambda b: "cancelled by alice: Changed my mind." in b.find("#turn-status").text,
                 what="the turn to say it was cancelled")
     alice.until(lambda b: "closed as cancelled" in b.find("#story").text, what="the story to tell the closure")
@@ -406,10 +410,14 @@ async def test_the_whole_approval_works_from_the_keyboard_alone(gateway, sink, b
 CONTRAST = """
 const parse = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
   const p = m[1].split(',').map(Number); return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
-const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
-  return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); };
-const background = (el) => { for (let e = el; e; e = e.parentElement) {
-  const c = parse(getComputedStyle(e).backgroundColor); if (c && c.a > 0) return c; } return {r: 255, g: 255, b: 255, a: 1}; };
+const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+const lum = (c) => 0.2126 * channel(c.r) + 0.7152 * channel(c.g) + 0.0722 * channel(c.b);
+const background = (el) => {
+  for (let e = el; e; e = e.parentElement) {
+    const c = parse(getComputedStyle(e).backgroundColor); if (c && c.a > 0) return c;
+  }
+  return {r: 255, g: 255, b: 255, a: 1};
+};
 const found = [];
 for (const el of document.querySelectorAll('body *')) {
   const own = Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim());
@@ -427,7 +435,8 @@ return found;
 """
 UNLABELLED = """
 return Array.from(document.querySelectorAll('input:not([type=hidden]), textarea, select, button'))
-  .filter((el) => !((el.labels && el.labels.length) || el.getAttribute('aria-label') || (el.tagName === 'BUTTON' && el.textContent.trim())))
+  .filter((el) => !((el.labels && el.labels.length) || el.getAttribute('aria-label')
+                    || (el.tagName === 'BUTTON' && el.textContent.trim())))
   .map((el) => el.outerHTML.slice(0, 80));
 """
 
@@ -448,7 +457,7 @@ async def test_every_text_on_the_inbox_passes_wcag_aa_contrast_and_every_control
         if name == "session":
             alice.login("sam")  # the session's starter sees its page
         if name == "login":
-            alice.find("form[action='/inbox/logout'] button").click()
+            alice.click("form[action='/inbox/logout'] button")
             alice.until(lambda b: b.all("#login"))
         alice.open(path)
         alice.until(lambda b: b.find("h1"))
