@@ -263,7 +263,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
     def endpoint(method: str, path: str):
         """The API route's own function, so the pages do exactly what the API does."""
         for route in app.router.routes:
-            if isinstance(route, APIRoute) and route.path == path and method in route.methods:
+            if isinstance(route, APIRoute) and route.path == path and method in (route.methods or ()):
                 return route.endpoint
         raise LookupError(f"no {method} {path} route")
 
