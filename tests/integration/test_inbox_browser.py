@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -513,3 +514,52 @@ def keep_screenshots_for_the_readme(store: str) -> None:  # pragma: no cover - r
     docs = Path(__file__).resolve().parents[2] / "docs"
     shutil.copy(ARTIFACTS / f"inbox-{store}.png", docs / "inbox.png")
     shutil.copy(ARTIFACTS / f"card-{store}.png", docs / "inbox-card.png")
+
+
+def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_its_card_in_a_browser(
+        up_sqlite_deployment):
+    """What `make run` runs (`signoff demo`, with deploy/'s tools and script): the inbox's URL
+    and login it prints work; asking the agent from the inbox makes a card, approving it in
+    the browser runs the tool, and the session's page shows it ran and the model's answer."""
+    import re
+    import subprocess
+    import sys
+
+    from shared.settings import PROJECT_ROOT
+    from tests.integration.test_supervisor import Output, wait_until
+
+    ours = ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")  # deploy/'s, as `make run` has them
+    env = {k: v for k, v in up_sqlite_deployment.env().items() if k not in ours}
+    demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(demo)
+    browser = None
+    try:
+        wait_until(lambda: "Ctrl-C stops the services." in output.text or demo.poll() is not None, 180, "the demo")
+        assert demo.poll() is None, output.text
+        inbox, name, password = re.search(r"The inbox: (http://\S+)/inbox\s+\(log in as (\S+) / (\S+);",
+                                          output.text).groups()
+        browser = Browser(inbox, "newcomer")
+        browser.login(name, password)
+        browser.find("#start-text").send_keys("Publish the notes for 1.3")
+        browser.click("#start")
+        browser.until(lambda b: "waiting on 1 card" in b.find("#turn-status").text, what="the demo's card")
+        session_page = browser.driver.current_url
+        browser.click("#session-live ul a")
+        browser.until(lambda b: b.all("#approve"))
+        assert "publish_post" in browser.find("#card-state").text and "outward" in browser.find("#card-state").text
+        browser.shot("make-run-card")
+        browser.click("#approve")
+        browser.until(lambda b: "You approved" in b.find("#notice").text)
+        # The session's page: the tool ran once, and the model's answer.
+        browser.driver.get(session_page)
+        browser.until(lambda b: "Done: the release notes are published." in b.find("#transcript").text,
+                      what="the model's answer")
+        story = browser.find("#story").text
+        assert story.count("ran: output") == 1 and f"was approved by {name}" in story, story
+        browser.shot("make-run-session")
+    finally:
+        if browser is not None:
+            browser.close()
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(30) == 0, output.text
