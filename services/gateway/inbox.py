@@ -247,7 +247,12 @@ def new_key() -> str:
 
 def safe_next(target: str | None) -> str:
     # Only a page of the inbox: never a redirect to another site.
-    if target and target.startswith(PREFIX) and not target.startswith(PREFIX + "//") and "\\" not in target:
+    if target == PREFIX or (
+        target
+        and target.startswith((PREFIX + "/", PREFIX + "?"))
+        and not target.startswith(PREFIX + "//")
+        and "\\" not in target
+    ):
         return target
     return PREFIX
 

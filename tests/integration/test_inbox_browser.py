@@ -500,6 +500,12 @@ async def test_a_forged_form_without_the_pages_digest_or_csrf_token_or_from_anot
         assert answer.status_code == 403 and "another origin" in answer.text.lower()
         # Not logged in: sent to log in, nothing decided.
         assert (await alice.http.post(path, data=form)).status_code == 401
+        # No page may be framed by another site (a click on "Approve" it did not mean), nor load
+        # anything from elsewhere.
+        page = await alice.get(f"/inbox/requests/{card['id']}")
+        assert page.status_code == 200 and page.headers["x-frame-options"] == "DENY"
+        policy = page.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, policy
         # A program's token is not a person: the pages are not for it.
         assert (await alice.http.get("/inbox", headers={"Authorization": "Bearer signoff_x"})).status_code == 403
     for request in (card, other):
