@@ -41,6 +41,7 @@ def test_a_card_counts_its_age_and_time_left_and_marks_an_outward_call():
     assert not shown_card(card(effect="idempotent"), NOW)["outward"]
     assert shown_card(card(approvers=None), NOW)["approvers_shown"] == "anyone the gateway vouches for"
     assert shown_card(card(expires_at=None), NOW)["left_seconds"] is None
+    assert shown_card(card(hidden=["password", "x\u202ey"]), NOW)["hidden_shown"] == ["password", "x\\u202ey"]
 
 
 def test_durations_read_at_a_glance():
