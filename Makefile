@@ -40,6 +40,7 @@ contract: $(STAMP)
 # The broker-restart and database-outage tests stop shared services, so they run alone, last.
 test: $(STAMP) lint mutation-smoke services
 	@bash tests/install_prometheus.sh
+	@bash tests/install_chromium.sh
 	$(BIN)/python -m pytest -n $(WORKERS) -q --durations=10 -m "not broker_restart and not database_outage and not cluster" tests
 	$(BIN)/python -m pytest -q -m "broker_restart or database_outage" tests
 

@@ -852,6 +852,7 @@ def gateway_lines(settings: Settings, name: str, password: str) -> list[str]:
     jar = settings.data_dir.resolve() / "gateway.cookies"
     login = json.dumps({"name": name, "password": password})
     return [
+        f"The inbox: {url}/inbox  (log in as {name} / {password}; ask the agent, approve its card, watch it run)",
         f"The HTTP gateway: {url}  (login: {name} / {password}; API: {url}/v1/openapi.json)",
         f"  curl -s -c {jar} -H 'Content-Type: application/json' -d '{login}' {url}/v1/login"
         "   # answers the csrf_token",

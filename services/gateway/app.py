@@ -32,6 +32,7 @@ from shared.messages import CancelTurn, Envelope, RespondToApproval, StartTurn, 
 
 from .auth import COOKIE, CSRF_HEADER, Login, RedisState, Sessions, address_key, user_key
 from .events import stream
+from .inbox import install_routes as install_inbox_routes
 from .oidc import install_routes as install_oidc_routes
 from .problems import PROBLEM, Problem, problem_response
 from .programs import LiveTokens, bearer, scope_needed
@@ -620,6 +621,7 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         return await stream(gateway_of(request), who.user, last_event_id)
 
     install_oidc_routes(app, sys.modules[__name__])
+    install_inbox_routes(app, sys.modules[__name__])
     return app
 
 

@@ -1,0 +1,587 @@
+"""The web inbox: server-rendered pages (Jinja2) where a person signs off from a browser.
+
+Everything here goes through the gateway's own API functions: the pages call the
+routes' endpoints (`POST /v1/login`, `POST /v1/requests/{id}/decision`, …) in-process
+with the person the cookie proves, so a decision from a page is the same message,
+signed the same way, judged by the same ledger, as one sent to the JSON API. What
+the pages add is the form around it: a state-changing form carries the session's
+CSRF token as a field (checked like the `X-CSRF-Token` header, with the Origin), an
+approval carries the digest of the arguments the page showed (the ledger refuses
+it for any other arguments), and each rendered form carries its own
+Idempotency-Key, so a form sent twice decides once.
+
+Live updates: the pages' script (static/inbox.js) listens to `GET /v1/events`
+(EventSource) and reloads the part of the page an event concerns. The pages work
+without it, only not live.
+
+Refusals are pages: "you may not approve this" with the ledger's reason code and
+text, "this card expired", "already decided", "the arguments changed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from shared import audit
+from shared.ledger.tables import Approval, AuditEntry, Turn
+from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_lines, visible
+from shared.redaction import redact_text
+
+from .problems import Problem
+
+HERE = Path(__file__).parent
+PREFIX = "/inbox"
+TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
+# The pages load nothing from elsewhere and may not be framed (an approval button in
+# someone else's frame is a click they did not mean).
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+# The ledger's refusals, as a page says them: (title, what it means for the person).
+REFUSALS = {
+    "expired": ("This card expired", "Nobody decided in time, so it can no longer be approved; nothing will run."),
+    "already_decided": ("Already decided", "Someone decided this card before your answer; yours changed nothing."),
+    "digest_mismatch": (
+        "The arguments changed",
+        "Your approval named other arguments than the ones on record; nothing was approved.",
+    ),
+    "altered": ("The arguments on record changed", "The call was not run and an operator was told."),
+}
+# The ledger's reason codes that mean "not you" (the API's 403s).
+NOT_YOU = "You may not approve this"
+IDEMPOTENCY_KEY_CHARS = 200
+MAX_FORM_FIELDS = 16
+
+
+# --- what a page shows ----------------------------------------------------------------------
+
+
+def shown_card(card: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A card as a page shows it: every text from outside through `visible` (no bidi
+    override, zero-width or look-alike host reaches the page unmarked), the arguments
+    laid out as the console's card lays them out, ages and deadlines in seconds."""
+    created = _aware(card["created_at"])
+    expires = _aware(card["expires_at"]) if card.get("expires_at") else None
+    target = str(card.get("target", ""))
+    return {
+        **card,
+        "tool_shown": visible(card.get("tool", ""), FIELD_CHARS),
+        "label_shown": visible(card.get("label", ""), FIELD_CHARS),
+        "description_shown": visible(card.get("description", ""), TEXT_CHARS),
+        "target_shown": visible(target, TARGET_CHARS) if target else "",
+        "warnings": host_warnings(target) + [w for line in json_lines(card["arguments"]) for w in host_warnings(line)],
+        "argument_lines": json_lines(card.get("arguments", {})),
+        "hidden_shown": [visible(h, FIELD_CHARS) for h in card.get("hidden", [])],
+        "outward": card.get("effect") == "outward",
+        "created_iso": created.isoformat(timespec="seconds"),
+        "age_seconds": max(0, int((now - created).total_seconds())),
+        "expires_iso": expires.isoformat(timespec="seconds") if expires else None,
+        "left_seconds": int((expires - now).total_seconds()) if expires else None,
+        "approvers_shown": "anyone the gateway vouches for"
+        if card.get("approvers") is None
+        else ", ".join(visible(a, FIELD_CHARS) for a in card["approvers"]) or "nobody",
+    }
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def duration(seconds: int | None) -> str:
+    """`3 h 05 min`, `4 min 09 s`, `12 s`: what a person reads at a glance."""
+    if seconds is None:
+        return "no expiry"
+    if seconds <= 0:
+        return "expired"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+TEMPLATES.env.filters["duration"] = duration
+
+
+def sorted_for(user, cards: list[dict[str, Any]], starters: dict[str, set[str]], approved: set[str]) -> dict:
+    """The person's cards, split: those waiting for them, and those of sessions they
+    started that wait on someone else (they may cancel those, not approve them). An
+    operator's view of cards they may not approve goes with the second."""
+    mine, others = [], []
+    for card in cards:
+        approvers = card.get("approvers")
+        listed = approvers is None or user.name in approvers
+        starter = user.name in starters.get(card["session_id"], set())
+        if listed and not (starter and not card.get("starter_may_approve", True)) and card["id"] not in approved:
+            mine.append(card)
+        else:
+            card["why_not_yours"] = (
+                "you approved it; it waits for more approvers"
+                if card["id"] in approved
+                else "you started this session and this tool needs someone else to approve it"
+                if listed and starter
+                else "you are not among its approvers"
+            )
+            others.append(card)
+    return {"mine": mine, "others": others}
+
+
+# --- reads the pages add (the ledger's record, through the gateway's read-only connection) --
+
+
+async def approved_by(ledger, user, request_ids: list[str]) -> set[str]:
+    """Which of these requests this person has approved already (a card that needs several)."""
+    if not request_ids:
+        return set()
+    async with ledger.sessions() as db:
+        found = await db.scalars(
+            select(Approval.request_id).where(Approval.request_id.in_(request_ids), Approval.responder == user.name)
+        )
+        return set(found)
+
+
+async def story(ledger, session_id: str) -> list[dict[str, Any]]:
+    """The session's story from its audit log, as `signoff audit show` tells it (shared/audit.py
+    `story`): who started it, each model step's calls, each request, who decided what and
+    when, what ran, each closure and its reason. A turn's end gets its reason's text from
+    the turn's row when that text is the one the entry's digest names."""
+    async with ledger.sessions() as db:
+        entries = list(
+            await db.scalars(
+                select(AuditEntry)
+                .where(AuditEntry.session_id == session_id)
+                .order_by(AuditEntry.session_seq, AuditEntry.id)
+            )
+        )
+        turns = {t.id: t for t in await db.scalars(select(Turn).where(Turn.session_id == session_id))}
+    told = []
+    for entry in entries:
+        as_dict = {
+            "kind": entry.kind,
+            "subject": entry.subject,
+            "actor": entry.actor,
+            "message_id": entry.message_id,
+            "detail": entry.detail or {},
+        }
+        text = redact_text(audit.story(as_dict))
+        digest = as_dict["detail"].get("reason_digest")
+        turn = turns.get(entry.subject or "")
+        if entry.kind == "turn.ended" and digest and turn is not None and turn.reason_text:
+            if audit.digest_of(turn.reason_text) == digest:
+                text += ": " + redact_text(turn.reason_text)
+            else:
+                text += " (the turn's reason text on record does not match this entry's digest)"
+        told.append(
+            {
+                "at": _aware(entry.recorded_at).isoformat(timespec="seconds"),
+                "kind": entry.kind,
+                "actor": visible(entry.actor or "", FIELD_CHARS),
+                "text": visible(text, TEXT_CHARS),
+            }
+        )
+    return told
+
+
+async def open_turn(ledger, session_id: str) -> Turn | None:
+    async with ledger.sessions() as db:
+        return await db.scalar(
+            select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc(), Turn.id.desc()).limit(1)
+        )
+
+
+async def until_on_record(gateway, session_id: str) -> bool:
+    """A session just started is on record once the ledger has committed its turn: the
+    page it leads to waits for that (at most as long as a decision waits for its verdict),
+    so it does not open on "no such session"."""
+    deadline = time.monotonic() + gateway.settings.gateway_decision_wait_seconds
+    pause = 0.02
+    while await gateway.ledger.session(session_id) is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+    return True
+
+
+# --- forms -------------------------------------------------------------------------------------
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the body is bounded by the gateway's limit before this
+    reads it); one value per field, the first."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        raise Problem(415, "unsupported-media-type", "Send the page's form", "A form of the inbox's pages.")
+    try:
+        text = (await request.body()).decode("utf-8")
+        fields = parse_qs(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    except (UnicodeDecodeError, ValueError):
+        raise Problem(400, "malformed-form", "The form could not be read") from None
+    return {name: values[0] for name, values in fields.items()}
+
+
+def new_key() -> str:
+    return "inbox-" + secrets.token_urlsafe(18)
+
+
+def safe_next(target: str | None) -> str:
+    # Only a page of the inbox: never a redirect to another site.
+    if target == PREFIX or (
+        target
+        and target.startswith((PREFIX + "/", PREFIX + "?"))
+        and not target.startswith(PREFIX + "//")
+        and "\\" not in target
+    ):
+        return target
+    return PREFIX
+
+
+# --- the routes --------------------------------------------------------------------------------
+
+
+def install_routes(app: FastAPI, api: Any) -> None:
+    """The inbox's pages under /inbox, and its script and style under /inbox/static.
+    `api`: the app module (passed, not imported: services/gateway/app.py includes this)."""
+    router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+    def endpoint(method: str, path: str):
+        """The API route's own function, so the pages do exactly what the API does."""
+        for route in app.router.routes:
+            if isinstance(route, APIRoute) and route.path == path and method in (route.methods or ()):
+                return route.endpoint
+        raise LookupError(f"no {method} {path} route")
+
+    def page(request: Request, template: str, status: int = 200, who=None, **context: Any) -> HTMLResponse:
+        gateway = api.gateway_of(request)
+        context.update(
+            request=request,
+            who=who,
+            csrf=gateway.sessions.csrf_token(who.login) if who is not None else "",
+            oidc=gateway.oidc is not None,
+        )
+        return TEMPLATES.TemplateResponse(request, template, context, status_code=status, headers=PAGE_HEADERS)
+
+    def problem_page(request: Request, problem: Problem, who=None) -> HTMLResponse:
+        return page(
+            request,
+            "problem.html",
+            status=problem.status,
+            who=who,
+            title=problem.title,
+            detail=problem.detail,
+            kind=problem.kind,
+        )
+
+    async def person(request: Request):
+        """The person the cookie proves (api.caller: valid, unexpired, not ended, still a
+        user), or None: the page sends them to log in. Programs use the JSON API."""
+        if request.headers.get("authorization"):
+            raise Problem(403, "people-only", "The inbox is for people", "Programs use the JSON API under /v1.")
+        try:
+            return await api.caller(request)
+        except Problem as problem:
+            if problem.status == 401:
+                return None
+            raise
+
+    def to_login(request: Request) -> RedirectResponse:
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"{PREFIX}/login?next={quote(here, safe='')}", status_code=303)
+
+    async def changing(request: Request):
+        """A form that changes state: a person logged in, the session's CSRF token in the
+        form's `csrf_token` field, and (when the browser names one) this gateway's Origin."""
+        who = await person(request)
+        if who is None:
+            raise Problem(401, "unauthenticated", "Log in first", "Your session ended; log in again.")
+        form = await form_of(request)
+        gateway = api.gateway_of(request)
+        api.check_origin(request, gateway.settings)
+        if not gateway.sessions.csrf_ok(who.login, form.get("csrf_token")):
+            raise Problem(403, "csrf", "The form's CSRF token is missing or wrong", "Reload the page and try again.")
+        return who, form
+
+    # --- login and logout ----------------------------------------------------------------
+
+    @router.get("/login")
+    async def login_page(request: Request, next: str | None = None) -> Response:
+        return page(request, "login.html", next=safe_next(next), error=None)
+
+    @router.post("/login")
+    async def login_form(request: Request) -> Response:
+        form = await form_of(request)
+        target = safe_next(form.get("next"))
+        try:
+            body = api.LoginBody(name=form.get("name", ""), password=form.get("password", ""))
+        except ValidationError:
+            return page(request, "login.html", status=401, next=target, error="Wrong name or password.")
+        answered = Response()
+        try:
+            await endpoint("POST", "/v1/login")(body=body, request=request, response=answered)
+        except Problem as problem:
+            said = "Wrong name or password." if problem.status == 401 else f"{problem.title}. {problem.detail}"
+            return page(request, "login.html", status=problem.status, next=target, error=said)
+        moved = RedirectResponse(target, status_code=303)
+        for name, value in answered.raw_headers:
+            if name == b"set-cookie":
+                moved.raw_headers.append((name, value))
+        return moved
+
+    @router.post("/logout")
+    async def logout_form(request: Request) -> Response:
+        try:
+            who, _ = await changing(request)
+            answered = await endpoint("POST", "/v1/logout")(request=request, who=who)
+        except Problem as problem:
+            return problem_page(request, problem)
+        moved = RedirectResponse(f"{PREFIX}/login", status_code=303)
+        moved.raw_headers.extend((n, v) for n, v in answered.raw_headers if n == b"set-cookie")
+        return moved
+
+    # --- the inbox -----------------------------------------------------------------------
+
+    @router.get("")
+    async def inbox(request: Request, decided: str | None = None, outcome: str | None = None) -> Response:
+        try:
+            who = await person(request)
+        except Problem as problem:
+            return problem_page(request, problem)
+        if who is None:
+            return to_login(request)
+        gateway = api.gateway_of(request)
+        ledger = gateway.ledger
+        cards = await ledger.requests(who.user, "pending", None, None, 500)
+        starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
+        now = datetime.now(UTC)
+        approved = await approved_by(ledger, who.user, [c["id"] for c in cards])
+        split = sorted_for(who.user, [shown_card(c, now) for c in cards], starters, approved)
+        notice = None
+        if decided and outcome in OUTCOMES:
+            notice = OUTCOMES[outcome].format(request=visible(decided, FIELD_CHARS))
+        return page(request, "inbox.html", who=who, notice=notice, **split)
+
+    @router.post("/sessions")
+    async def start_form(request: Request) -> Response:
+        """Ask the agent something: a new session started by this person."""
+        try:
+            who, form = await changing(request)
+            body = api.StartBody(text=form.get("text", ""))
+            started = await endpoint("POST", "/v1/sessions")(body=body, request=request, who=who)
+        except ValidationError:
+            return problem_page(request, Problem(422, "invalid", "Say what the agent should do"))
+        except Problem as problem:
+            return problem_page(request, problem)
+        await until_on_record(api.gateway_of(request), started.session_id)
+        return RedirectResponse(f"{PREFIX}/sessions/{started.session_id}", status_code=303)
+
+    # --- a card --------------------------------------------------------------------------
+
+    @router.get("/requests/{request_id}")
+    async def card_page(request: Request, request_id: str) -> Response:
+        who = None
+        try:
+            who = await person(request)
+            if who is None:
+                return to_login(request)
+            card = await endpoint("GET", "/v1/requests/{request_id}")(
+                request_id=_identifier(request_id), request=request, who=who
+            )
+        except Problem as problem:
+            return problem_page(request, problem, who)
+        ledger = api.gateway_of(request).ledger
+        shown = shown_card(card, datetime.now(UTC))
+        starters = await ledger.starters(card["session_id"])
+        approved = await approved_by(ledger, who.user, [card["id"]])
+        split = sorted_for(who.user, [shown], {card["session_id"]: starters}, approved)
+        return page(
+            request,
+            "card.html",
+            who=who,
+            card=shown,
+            key=new_key(),
+            hint=None if split["mine"] else shown.get("why_not_yours"),
+            may_see_session=await ledger.may_see_session(who.user, card["session_id"]),
+        )
+
+    @router.post("/requests/{request_id}/decision")
+    async def decision_form(request: Request, request_id: str) -> Response:
+        """Approve or deny as the person logged in, through the API's own decision route.
+        An approval must carry the digest the page showed; a denial a reason."""
+        who = None
+        try:
+            who, form = await changing(request)
+            decision = form.get("decision", "")
+            key = form.get("idempotency_key", "")
+            if decision not in ("approve", "deny"):
+                raise Problem(422, "invalid", "Choose approve or deny")
+            if not key or len(key) > IDEMPOTENCY_KEY_CHARS or not all("\x21" <= c <= "\x7e" for c in key):
+                raise Problem(422, "invalid", "The form is not one of this inbox's", "Reload the card and try again.")
+            if decision == "approve" and not form.get("args_digest"):
+                # The API would take the ledger's digest; a page must name the one it showed.
+                raise Problem(422, "invalid", "The approval names no arguments", "Reload the card and try again.")
+            if decision == "deny" and not form.get("reason", "").strip():
+                raise Problem(422, "reason-required", "Say why you deny it", "A denial needs a reason.")
+            body = api.DecisionBody(
+                decision=decision,
+                reason=form.get("reason", "").strip() if decision == "deny" else "",
+                message=form.get("message", "").strip() if decision == "approve" else "",
+                args_digest=form.get("args_digest") if decision == "approve" else None,
+            )
+            verdict = await endpoint("POST", "/v1/requests/{request_id}/decision")(
+                request_id=_identifier(request_id), body=body, request=request, who=who, idempotency_key=key
+            )
+        except ValidationError as error:
+            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+        except Problem as problem:
+            return problem_page(request, problem, who)
+        answered = _answer(verdict)
+        if answered.get("outcome") == "accepted":
+            outcome = decision if answered.get("decided", True) else "counted"
+            return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome={outcome}", status_code=303)
+        if answered.get("status") == "pending":
+            return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome=sent", status_code=303)
+        code = str(answered.get("reason_code") or "")
+        title, meaning = REFUSALS.get(code, (NOT_YOU if answered.get("status") == 403 else "Refused", ""))
+        return page(
+            request,
+            "refused.html",
+            status=int(answered.get("status", 409)),
+            who=who,
+            title=title,
+            meaning=meaning,
+            reason_code=code,
+            reason_text=visible(answered.get("detail", ""), TEXT_CHARS),
+            request_id=request_id,
+        )
+
+    # --- a session -----------------------------------------------------------------------
+
+    @router.get("/sessions/{session_id}")
+    async def session_page(request: Request, session_id: str) -> Response:
+        who = None
+        try:
+            who = await person(request)
+            if who is None:
+                return to_login(request)
+            shown = await endpoint("GET", "/v1/sessions/{session_id}")(
+                session_id=_identifier(session_id), request=request, who=who
+            )
+        except Problem as problem:
+            return problem_page(request, problem, who)
+        ledger = api.gateway_of(request).ledger
+        turn = await open_turn(ledger, session_id)
+        now = datetime.now(UTC)
+        return page(
+            request,
+            "session.html",
+            who=who,
+            session=shown,
+            turn_said=turn_said(turn, len(shown["pending_requests"])),
+            turn_open=turn is not None and turn.status == "running",
+            pending=[shown_card(c, now) for c in shown["pending_requests"]],
+            story=await story(ledger, session_id),
+            transcript=[_shown_entry(e) for e in shown["transcript"]],
+        )
+
+    @router.post("/sessions/{session_id}/cancel")
+    async def cancel_form(request: Request, session_id: str) -> Response:
+        who = None
+        try:
+            who, form = await changing(request)
+            body = api.CancelBody(reason=form.get("reason", "").strip())
+            await endpoint("POST", "/v1/sessions/{session_id}/cancel")(
+                session_id=_identifier(session_id), body=body, request=request, who=who
+            )
+        except ValidationError as error:
+            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+        except Problem as problem:
+            return problem_page(request, problem, who)
+        return RedirectResponse(f"{PREFIX}/sessions/{session_id}?cancelling=1", status_code=303)
+
+    app.include_router(router)
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=str(HERE / "static")), name="inbox-static")
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(PREFIX, status_code=303)
+
+
+OUTCOMES = {
+    "approve": "You approved {request}. It runs once, now.",
+    "deny": "You denied {request}. The model is told your reason.",
+    "counted": "Your approval of {request} is counted; it waits for more approvers.",
+    "sent": "Your decision on {request} was sent; the ledger has not judged it yet.",
+}
+
+
+def turn_said(turn: Turn | None, waiting_on: int) -> str:
+    """The session's last turn as a person reads it: running (and on how many cards it
+    waits), or how it ended, by whom and why (redacted, through `visible`)."""
+    if turn is None:
+        return "none yet"
+    said = turn.status
+    if turn.status == "running" and waiting_on:
+        said += f", waiting on {waiting_on} card{'s' if waiting_on > 1 else ''}"
+    if turn.ended_by:
+        said += f" by {visible(turn.ended_by, FIELD_CHARS)}"
+    if turn.reason_code and turn.status != "cancelled":
+        said += f" ({visible(turn.reason_code, FIELD_CHARS)})"
+    if turn.reason_text:
+        said += ": " + visible(redact_text(turn.reason_text), TEXT_CHARS)
+    return said
+
+
+def _identifier(value: str) -> str:
+    if not value or len(value) > 64 or not all(c.isascii() and (c.isalnum() or c in "_-") for c in value):
+        raise Problem(404, "not-found", "No such page", "No card or session with that id.")
+    return value
+
+
+def _answer(verdict: Any) -> dict[str, Any]:
+    """The API's answer as a dict: a Verdict, or a JSON response (a problem, or 202 pending)."""
+    if hasattr(verdict, "model_dump"):
+        return verdict.model_dump()
+    body = json.loads(bytes(verdict.body))
+    if verdict.status_code == 202:
+        return {**body, "status": "pending"}
+    return body
+
+
+def _fields(error: ValidationError) -> str:
+    # Where, never the input itself.
+    return "; ".join(".".join(str(p) for p in e.get("loc", ())) + ": " + str(e.get("msg")) for e in error.errors())
+
+
+def _shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A transcript entry (already redacted by the read) through `visible`."""
+    return {
+        "role": entry["role"],
+        "text": visible(entry["text"], TEXT_CHARS) if entry["text"] else "",
+        "calls": [
+            f"{visible(c.get('name') or '', FIELD_CHARS)} {' '.join(json_lines(c.get('arguments', {}), max_lines=20))}"
+            for c in entry["tool_calls"]
+        ],
+        "closure": entry.get("closure"),
+        "call_id": entry.get("call_id"),
+    }
