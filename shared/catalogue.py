@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -92,8 +93,14 @@ _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 @functools.cache
 def _cel() -> celpy.Environment:
-    # Made on first use, not at import: it raises the interpreter's recursion limit.
-    return celpy.Environment()
+    """Made on first use, not at import. cel-python raises the process's recursion limit
+    when it makes one; the limit is put back, because the services rely on it to refuse
+    JSON nested too deep to walk (shared/redaction.py), and a rule is one short line."""
+    limit = sys.getrecursionlimit()
+    try:
+        return celpy.Environment()
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 @functools.cache

@@ -292,3 +292,17 @@ def test_an_explicit_form_saying_false_is_not_saying_so():
 
 def test_a_tool_that_is_not_rememberable_needs_no_acknowledgement():
     assert not tool(approvals_required=2, starter_may_approve=False).may_be_remembered
+
+
+def test_compiling_a_rule_leaves_the_processes_recursion_limit_as_it_was():
+    # cel-python raises it when it makes its environment; the services rely on the limit
+    # to refuse JSON nested too deep to walk (tests/unit/test_redaction_rules.py).
+    import sys
+
+    from shared import catalogue
+
+    catalogue._cel.cache_clear()
+    compiled_condition.cache_clear()
+    before = sys.getrecursionlimit()
+    compiled_condition("args.amount > 1")
+    assert sys.getrecursionlimit() == before
