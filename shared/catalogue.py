@@ -113,10 +113,28 @@ def compiled_condition(text: str) -> celpy.Runner:
     except celpy.CELParseError as error:
         where = f"column {error.column}" if error.column is not None else "its end"
         raise ValueError(f"`{text}` is not a CEL expression (it goes wrong at {where})") from None
+    if _depth(tree) > RULE_DEPTH:
+        raise ValueError(f"`{text[:60]}…` is nested too deep to evaluate")
     unknown = sorted(_unknown_names(tree))
     if unknown:
         raise ValueError(f"`{text}` names {', '.join(unknown)}: a rule may read only `{ARGUMENTS}`")
     return _cel().program(tree)
+
+
+# How deep a rule's syntax tree may go: cel-python evaluates it recursively, and past
+# about 250 levels (some twenty nested parentheses) it runs out of Python's recursion
+# limit. 150 leaves room for the stack the ledger's handler is already in; a chain of
+# a hundred `&&` is about 110.
+RULE_DEPTH = 150
+
+
+def _depth(tree: lark.Tree) -> int:
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
+    return deepest
 
 
 def _unknown_names(tree: lark.Tree) -> set[str]:

@@ -116,6 +116,8 @@ def _holds(condition: str, arguments: Mapping[str, Any], rule: str) -> bool:
         result = compiled_condition(condition).evaluate({ARGUMENTS: celpy.json_to_cel(dict(arguments))})
     except celpy.CELEvalError as error:
         raise RuleFailed(f"{rule} could not be evaluated ({_what_failed(error, condition)})") from None
+    except Exception:  # cel-python's own failure (nesting too deep, a bug): still the safe default
+        raise RuleFailed(f"{rule} could not be evaluated (the evaluator failed)") from None
     # cel-python may hand back its error as the value rather than raise it.
     if isinstance(result, celpy.CELEvalError):
         raise RuleFailed(f"{rule} could not be evaluated ({_what_failed(result, condition)})")

@@ -306,3 +306,10 @@ def test_compiling_a_rule_leaves_the_processes_recursion_limit_as_it_was():
     before = sys.getrecursionlimit()
     compiled_condition("args.amount > 1")
     assert sys.getrecursionlimit() == before
+
+
+def test_a_condition_nested_deeper_than_the_evaluator_can_go_is_refused_at_load():
+    compiled_condition("(" * 13 + "args.a > 1" + ")" * 13)
+    compiled_condition(" && ".join(f"args.a{i} == {i}" for i in range(100)))
+    with pytest.raises(ValueError, match=r"^`\({14}args\.a > 1\){14}…` is nested too deep to evaluate$"):
+        compiled_condition("(" * 14 + "args.a > 1" + ")" * 14)

@@ -490,3 +490,26 @@ def test_of_several_grants_the_one_for_this_target_wins_then_the_longest_then_th
 
 def test_no_grant_covers_nothing():
     assert covering([]) is None
+
+
+def test_a_failure_of_the_evaluator_itself_gives_the_safe_default(monkeypatch):
+    class Broken:
+        def evaluate(self, context):
+            raise RecursionError
+
+    monkeypatch.setattr("services.approval_ledger.decision_rules.compiled_condition", lambda text: Broken())
+    decided = verdict(tool(approvals_required=TWO_ABOVE_A_THOUSAND), {"amount": 5, "payee": "x"})
+    assert decided.approvals_required == 2
+    assert decided.error == "case 1 of the approvals_required rule could not be evaluated (the evaluator failed)"
+
+
+def test_an_error_handed_back_as_the_value_gives_the_safe_default(monkeypatch):
+    import celpy
+
+    class Erring:
+        def evaluate(self, context):
+            return celpy.CELEvalError("no such member in mapping: 'amount'", KeyError, None)
+
+    monkeypatch.setattr("services.approval_ledger.decision_rules.compiled_condition", lambda text: Erring())
+    decided = verdict(tool(approvals_required=TWO_ABOVE_A_THOUSAND), {"payee": "x"})
+    assert decided.error == "case 1 of the approvals_required rule could not be evaluated (no argument 'amount')"
