@@ -129,12 +129,12 @@ RULE_DEPTH = 150
 
 
 def _depth(tree: lark.Tree) -> int:
-    deepest, stack = 0, [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
-    return deepest
+    """Levels of the tree, counted without recursion (the tree may be deeper than the stack)."""
+    depth, level = 0, [tree]
+    while level:
+        depth += 1
+        level = [child for node in level for child in node.children if isinstance(child, lark.Tree)]
+    return depth
 
 
 def _unknown_names(tree: lark.Tree) -> set[str]:

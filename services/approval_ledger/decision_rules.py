@@ -104,11 +104,12 @@ def _approvals(tool: ToolSpec, arguments: Mapping[str, Any], shown: Mapping[str,
 
 
 def _deciding(cases: list[Case], arguments: Mapping[str, Any], field: str) -> Case:
-    """The first case whose condition holds; the last has none and decides the rest."""
-    for number, case in enumerate(cases, start=1):
-        if case.when is None or _holds(case.when, arguments, f"case {number} of the {field} rule"):
+    """The first case whose condition holds; the last has none (the catalogue refuses a
+    rule whose last case has one) and decides every call the others do not."""
+    for number, case in enumerate(cases[:-1], start=1):
+        if _holds(str(case.when), arguments, f"case {number} of the {field} rule"):
             return case
-    raise AssertionError("a rule's last case has no condition")  # the catalogue refuses such a rule
+    return cases[-1]
 
 
 def _holds(condition: str, arguments: Mapping[str, Any], rule: str) -> bool:
@@ -167,7 +168,8 @@ def _cut(text: str) -> str:
 
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    # Arguments are JSON (they arrived in a validated message): no `default` is needed.
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "…"
 
 
@@ -262,7 +264,7 @@ def _diff(tool: ToolSpec, before: Mapping[str, Any], after: Mapping[str, Any], c
 
 
 def _shown(value: Any) -> str:
-    return _short(json.dumps(value, sort_keys=True, default=str))
+    return _short(json.dumps(value, sort_keys=True))
 
 
 # --- approve and remember ------------------------------------------------------------------
@@ -360,8 +362,7 @@ def grant_covering(
         covering,
         key=lambda g: (
             g.target is None,
-            g.expires_at is not None,
-            -(g.expires_at.timestamp() if g.expires_at else 0.0),
+            -g.expires_at.timestamp() if g.expires_at else -math.inf,
             g.granted_at,
             g.grant_id,
         ),

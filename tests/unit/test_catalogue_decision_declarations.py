@@ -313,3 +313,17 @@ def test_a_condition_nested_deeper_than_the_evaluator_can_go_is_refused_at_load(
     compiled_condition(" && ".join(f"args.a{i} == {i}" for i in range(100)))
     with pytest.raises(ValueError, match=r"^`\({14}args\.a > 1\){14}…` is nested too deep to evaluate$"):
         compiled_condition("(" * 14 + "args.a > 1" + ")" * 14)
+
+
+def test_a_rules_depth_counts_its_levels():
+    from lark import Token, Tree
+
+    from shared.catalogue import _depth
+
+    assert _depth(Tree("a", [])) == 1
+    assert _depth(Tree("a", [Token("IDENT", "x"), Tree("b", [Tree("c", [])]), Tree("d", [])])) == 3
+
+
+def test_a_qualified_function_call_is_refused():
+    with pytest.raises(ValueError, match=r"names foo: "):
+        compiled_condition(".foo(1) == 1")

@@ -513,3 +513,67 @@ def test_an_error_handed_back_as_the_value_gives_the_safe_default(monkeypatch):
     monkeypatch.setattr("services.approval_ledger.decision_rules.compiled_condition", lambda text: Erring())
     decided = verdict(tool(approvals_required=TWO_ABOVE_A_THOUSAND), {"payee": "x"})
     assert decided.error == "case 1 of the approvals_required rule could not be evaluated (no argument 'amount')"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("no such member in mapping: 'amount'", KeyError), "no argument 'amount'"),
+        (("no such member in mapping: 'amount'",), "it failed on these arguments"),
+        ((), "it failed on these arguments"),
+    ],
+)
+def test_an_error_of_any_shape_from_the_evaluator_is_named_only_as_far_as_it_says(monkeypatch, args, said):
+    import celpy
+
+    class Erring:
+        def evaluate(self, context):
+            raise celpy.CELEvalError(*args)
+
+    monkeypatch.setattr("services.approval_ledger.decision_rules.compiled_condition", lambda text: Erring())
+    decided = verdict(tool(approvals_required=TWO_ABOVE_A_THOUSAND), {"payee": "x"})
+    assert decided.error == f"case 1 of the approvals_required rule could not be evaluated ({said})"
+
+
+def test_a_missing_field_with_capitals_in_its_name_is_named():
+    spec = read_tool(
+        parameters={"type": "object", "properties": {"Bucket_2": {"type": "string"}}},
+        approval=[{"when": "args.Bucket_2 == 'x'", "then": "never"}, {"then": "always"}],
+    )
+    assert verdict(spec, {}).error == "case 1 of the approval rule could not be evaluated (no argument 'Bucket_2')"
+
+
+def test_a_structure_in_a_reason_is_shown_with_its_keys_sorted():
+    spec = read_tool(
+        parameters={"type": "object", "properties": {"meta": {"type": "object", "additionalProperties": True}}},
+        approvals_required=[{"then": 1, "reason": "{meta}"}],
+    )
+    assert verdict(spec, {"meta": {"b": 1, "a": 2}}).reason == '{"a": 2, "b": 1}'
+
+
+def test_an_object_sent_back_with_its_keys_in_another_order_is_unchanged():
+    original = {**ORIGINAL, "account": {"iban": "DE1", "pin": "1234"}}
+    reordered = {**shown(original), "account": {"pin": REDACTED, "iban": "DE1"}}
+    assert judge_edit(tool(editable=True), original, reordered) == EditAccepted(original, (), "no change")
+    edited = {**shown(original), "account": {"iban": "DE1", "pin": "1234"}}
+    assert judge_edit(tool(editable=True), original, edited) == EditAccepted(original, (), "no change")
+
+
+def test_a_diff_shows_a_structure_with_its_keys_sorted():
+    accepted = judge_edit(tool(editable=True), ORIGINAL, {**shown(ORIGINAL), "account": {"pin": "9", "iban": "DE"}})
+    assert isinstance(accepted, EditAccepted)
+    assert accepted.diff == f'account: set to {{"iban": "DE", "pin": "{REDACTED}"}}'
+
+
+def test_every_refused_field_and_every_schema_error_is_listed():
+    assert judge_edit(tool(editable=["memo"]), ORIGINAL, {**ORIGINAL, "amount": 1, "payee": "y"}) == EditRefused(
+        "field_not_editable", "not editable: amount, payee"
+    )
+    both = {**shown(ORIGINAL), "memo": [REDACTED], "payee": {"x": REDACTED}}
+    assert judge_edit(tool(editable=True), ORIGINAL, both) == EditRefused(
+        "hidden_value_edited", "payee, memo: a hidden value may be replaced whole or left as it was"
+    )
+    broken = {**ORIGINAL, "amount": "x", "payee": 3}
+    assert judge_edit(tool(editable=True), ORIGINAL, broken) == EditRefused(
+        "edit_breaks_schema", 'amount: must be of type "number"; payee: must be of type "string"'
+    )
