@@ -23,6 +23,13 @@ PARAMETERS = {"type": "object", "properties": {"amount": {"type": "number"}, "pa
 TWO_ABOVE_A_THOUSAND = [{"when": "args.amount > 1000", "then": 2}, {"then": 1}]
 
 
+@pytest.fixture(autouse=True)
+def _compiled_afresh():
+    # compiled_condition is cached per text: a cached answer would hide the check it makes
+    # (and mutation testing, which forks after a clean run, would never see it run).
+    compiled_condition.cache_clear()
+
+
 def tool(**declared) -> ToolSpec:
     return ToolSpec.model_validate({"name": "pay", "label": "Pay", "parameters": PARAMETERS, **declared})
 

@@ -475,9 +475,10 @@ def test_of_several_grants_the_one_for_this_target_wins_then_the_longest_then_th
     this_target = grant(grant_id="grt_this", expires_at=NOW + timedelta(minutes=1))
     assert covering([any_target, this_target]) is this_target
     assert covering([this_target, any_target]) is this_target
-    short = grant(grant_id="grt_short", expires_at=NOW + timedelta(hours=1))
-    long = grant(grant_id="grt_long", expires_at=NOW + timedelta(hours=5))
-    forever = grant(grant_id="grt_forever")
+    # Ids against the expected order: the expiry decides, not the id.
+    short = grant(grant_id="grt_a", expires_at=NOW + timedelta(hours=1))
+    long = grant(grant_id="grt_b", expires_at=NOW + timedelta(hours=5))
+    forever = grant(grant_id="grt_c")
     assert covering([short, long]) is long
     assert covering([long, short]) is long
     assert covering([short, forever, long]) is forever
@@ -557,6 +558,9 @@ def test_an_object_sent_back_with_its_keys_in_another_order_is_unchanged():
     assert judge_edit(tool(editable=True), original, reordered) == EditAccepted(original, (), "no change")
     edited = {**shown(original), "account": {"iban": "DE1", "pin": "1234"}}
     assert judge_edit(tool(editable=True), original, edited) == EditAccepted(original, (), "no change")
+    unsorted = {**ORIGINAL, "account": {"pin": "1234", "iban": "DE1"}}
+    sorted_back = {**shown(unsorted), "account": {"iban": "DE1", "pin": REDACTED}}
+    assert judge_edit(tool(editable=True), unsorted, sorted_back) == EditAccepted(unsorted, (), "no change")
 
 
 def test_a_diff_shows_a_structure_with_its_keys_sorted():
