@@ -93,7 +93,8 @@ MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ services.tool_executor
 	services.tool_executor.claims.x_retaken_claim_ services.tool_executor.claims.x_renewed_lease_ \
 	services.tool_executor.claims.x_lost_call_ shared.catalogue. \
 	services.model_step.tool_call_ids. services.model_step.transcript_guard. \
-	services.approval_ledger.domain. shared.redaction. services.approval_ledger.handlers.
+	services.approval_ledger.domain. shared.redaction. services.approval_ledger.handlers. \
+	services.approval_ledger.decision_rules.
 
 mutation: $(STAMP)
 	rm -rf mutants && mkdir mutants

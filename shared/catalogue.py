@@ -8,9 +8,11 @@ model-step for the descriptions it offers the model.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
+import celpy
 import jsonschema
+import lark
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -76,13 +80,126 @@ class Escalation(BaseModel):
     to: list[str] = Field(min_length=1)
 
 
+# A rule over a call's arguments is Common Expression Language (CEL, as Kubernetes'
+# admission policies use), run by cel-python's interpreter: a language made for
+# policies, with no side effects and no access to anything but what it is given.
+# The arguments are its one variable, `args` (`args.amount > 1000`).
+ARGUMENTS = "args"
+# What a condition may call besides the standard functions: the macros, which
+# cel-python expands itself rather than listing them among its functions.
+_MACROS = frozenset({"has", "all", "exists", "exists_one", "map", "filter"})
+_COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+@functools.cache
+def _cel() -> celpy.Environment:
+    """Made on first use, not at import. cel-python raises the process's recursion limit
+    when it makes one; the limit is put back, because the services rely on it to refuse
+    JSON nested too deep to walk (shared/redaction.py), and a rule is one short line."""
+    limit = sys.getrecursionlimit()
+    try:
+        return celpy.Environment()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+@functools.cache
+def compiled_condition(text: str) -> celpy.Runner:
+    """A CEL condition ready to evaluate, or ValueError naming what is wrong: a syntax
+    error, or a name that is neither `args`, a standard function nor a macro's variable
+    (cel-python itself would find those only when a call reaches them)."""
+    try:
+        tree = _cel().compile(text)
+    except celpy.CELParseError as error:
+        where = f"column {error.column}" if error.column is not None else "its end"
+        raise ValueError(f"`{text}` is not a CEL expression (it goes wrong at {where})") from None
+    if _depth(tree) > RULE_DEPTH:
+        raise ValueError(f"`{text[:60]}…` is nested too deep to evaluate")
+    unknown = sorted(_unknown_names(tree))
+    if unknown:
+        raise ValueError(f"`{text}` names {', '.join(unknown)}: a rule may read only `{ARGUMENTS}`")
+    return _cel().program(tree)
+
+
+# How deep a rule's syntax tree may go: cel-python evaluates it recursively, and past
+# about 250 levels (some twenty nested parentheses) it runs out of Python's recursion
+# limit. 150 leaves room for the stack the ledger's handler is already in; a chain of
+# a hundred `&&` is about 110.
+RULE_DEPTH = 150
+
+
+def _depth(tree: lark.Tree) -> int:
+    """Levels of the tree, counted without recursion (the tree may be deeper than the stack)."""
+    depth, level = 0, [tree]
+    while level:
+        depth += 1
+        level = [child for node in level for child in node.children if isinstance(child, lark.Tree)]
+    return depth
+
+
+def _unknown_names(tree: lark.Tree) -> set[str]:
+    known = set(celpy.base_functions) | _MACROS | {ARGUMENTS}
+    # A comprehension's variable (`args.items.all(i, i > 0)`) is a name its body may use.
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and str(node.children[1]) in _COMPREHENSIONS and node.children[2]:
+            variable = node.children[2].children[0]
+            known.update(str(token) for token in variable.scan_values(lambda v: isinstance(v, lark.Token)))
+    unknown: set[str] = set()
+    for node in tree.iter_subtrees():
+        if node.data in ("ident", "ident_arg") and str(node.children[0]) not in known:
+            unknown.add(str(node.children[0]))
+        elif node.data == "member_dot_arg" and str(node.children[1]) not in known:
+            unknown.add(str(node.children[1]))
+        elif node.data in ("dot_ident", "dot_ident_arg", "member_object"):
+            # Qualified names and message literals: protobuf's, which no tool has.
+            unknown.add(str(node.children[0]) if isinstance(node.children[0], lark.Token) else node.data)
+    return unknown
+
+
+class RuleCase(BaseModel):
+    """One case of a rule over the arguments. The cases are tried in order; the first
+    whose `when` holds decides. The last case has no `when`: it decides every call the
+    others do not, so a rule always has an answer."""
+
+    model_config = ConfigDict(extra="forbid")
+    # A CEL condition over `args`; none on the last case only.
+    when: str | None = None
+    # Why, as the card and the audit log say it: a template over the arguments as the
+    # card shows them (`{amount}`, `{amount:,}` for 2,500), secrets hidden.
+    reason: str | None = Field(default=None, max_length=200)
+
+
+class ApprovalCase(RuleCase):
+    then: Literal["always", "never"]
+
+
+class ApprovalsCase(RuleCase):
+    then: int = Field(ge=1)
+
+
+class Rememberable(BaseModel):
+    """`rememberable` in its explicit form: a tool that is outward, needs several
+    approvers or forbids its starter may be remembered only if it says which of
+    these it accepts a grant will pass by (`rememberable: {outward: true}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    outward: bool = False
+    several_approvers: bool = False
+    starter_forbidden: bool = False
+
+
 class ToolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
     label: str
     description: str = ""
     parameters: dict[str, Any] = {"type": "object"}
+    # `always`, `never`, or a rule over the arguments (a list of `ApprovalCase`), which
+    # is kept in `approval_rule` while `approval` reads `always`: until the ledger
+    # evaluates the rule (services/approval_ledger/decision_rules.py), a tool with a
+    # rule asks every time, the safe side.
     approval: Literal["always", "never"] = "always"
+    approval_rule: list[ApprovalCase] | None = None
     effect: Literal["read", "idempotent", "outward"] = "outward"
     # Changing what a tool does should change this: a request's digest covers it,
     # so an approval given for one version never runs another.
@@ -95,12 +212,107 @@ class ToolSpec(BaseModel):
     # False: separation of duties, whoever started the session may not approve its calls.
     starter_may_approve: bool = True
     # Four eyes and more: this many distinct people must approve; one denial denies.
+    # Or a rule over the arguments (a list of `ApprovalsCase`), kept in `approvals_rule`,
+    # and then `approvals_required` is the most any of its cases asks: what the
+    # approvers must be enough for, what a call gets when its rule cannot be
+    # evaluated, and what the ledger asks until it evaluates the rule.
     approvals_required: int = Field(default=1, ge=1)
+    approvals_rule: list[ApprovalsCase] | None = None
+    # Which arguments a person may change before approving: all (`true`), those
+    # listed (top-level names of `parameters`), or none (the default).
+    editable: bool | list[str] = False
+    # Whether a person may approve and remember (a grant for the rest of the session
+    # or some hours): false by default; see `Rememberable` for the explicit form.
+    rememberable: bool | Rememberable = False
     # How long a request for this tool waits for a decision before it closes as
     # expired; None: the deployment's default (SIGNOFF_APPROVAL_TIMEOUT_SECONDS).
     expires_after_seconds: float | None = Field(default=None, gt=0)
     escalation: Escalation | None = None
     implementation: HttpImplementation | PythonImplementation | None = Field(default=None, discriminator="kind")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rules_kept_apart(cls, data: Any) -> Any:
+        """`approval` and `approvals_required` may be written as rules (lists of cases):
+        each is kept in its own field, beside the plain value the ledger reads today."""
+        if isinstance(data, dict):
+            data = dict(data)
+            if isinstance(data.get("approval"), list):
+                data["approval_rule"], data["approval"] = data["approval"], "always"
+            if isinstance(data.get("approvals_required"), list):
+                data["approvals_rule"], data["approvals_required"] = data["approvals_required"], 1
+        return data
+
+    @model_validator(mode="after")
+    def _rules_hold_together(self) -> ToolSpec:
+        """Each rule compiles and has exactly one last case without `when`; the editable
+        fields are parameters; a tool that may be remembered says so for what a grant
+        would pass by. Each refusal names the tool: a bad catalogue stops the service."""
+        for field, rule in (("approval", self.approval_rule), ("approvals_required", self.approvals_rule)):
+            if rule is None:
+                continue
+            if rule == []:
+                raise ValueError(f"tool {self.name!r}: its {field} rule has no case")
+            for number, case in enumerate(rule, start=1):
+                if (case.when is None) != (number == len(rule)):
+                    raise ValueError(
+                        f"tool {self.name!r}: case {number} of its {field} rule: "
+                        + (
+                            "only the last case goes without `when`"
+                            if case.when is None
+                            else "the last case has no `when`"
+                        )
+                    )
+                if case.when is not None:
+                    try:
+                        compiled_condition(case.when)
+                    except ValueError as error:
+                        raise ValueError(f"tool {self.name!r}: case {number} of its {field} rule: {error}") from None
+        if self.approval_rule is not None:
+            self.approval = "always"
+        if self.approvals_rule is not None:
+            self.approvals_required = max(case.then for case in self.approvals_rule)
+        if isinstance(self.editable, list):
+            listed = self.parameters.get("properties") or {}
+            unknown = [name for name in self.editable if name not in listed]
+            if unknown:
+                raise ValueError(f"tool {self.name!r}: editable names what is not a parameter: {', '.join(unknown)}")
+        missing = [name for name in self.remembering_passes_by if not self._says_remembered(name)]
+        if self.rememberable is not False and missing:
+            said = ", ".join(f"{name}: true" for name in self.remembering_passes_by)
+            raise ValueError(
+                f"tool {self.name!r} is {' and '.join(what.replace('_', ' ') for what in missing)}: it may be "
+                f"remembered only if it says so: `rememberable: {{{said}}}`"
+            )
+        return self
+
+    @property
+    def remembering_passes_by(self) -> list[str]:
+        """What a grant for this tool would let a call pass by unasked."""
+        return [
+            name
+            for name, applies in (
+                ("outward", self.effect == "outward"),
+                ("several_approvers", self.approvals_required > 1),
+                ("starter_forbidden", not self.starter_may_approve),
+            )
+            if applies
+        ]
+
+    def _says_remembered(self, what: str) -> bool:
+        return isinstance(self.rememberable, Rememberable) and bool(getattr(self.rememberable, what))
+
+    @property
+    def may_be_remembered(self) -> bool:
+        return self.rememberable is not False
+
+    def may_edit(self, field: str) -> bool:
+        """Whether a person may change this top-level argument before approving."""
+        return self.editable is True or (isinstance(self.editable, list) and field in self.editable)
+
+    @property
+    def is_editable(self) -> bool:
+        return bool(self.editable)
 
     @cached_property
     def closed_parameters(self) -> dict[str, Any]:
@@ -180,7 +392,9 @@ class ToolCatalogue(BaseModel):
     def _approvers_can_approve(self) -> ToolCatalogue:
         """A tool's approvers name only declared groups, and are enough for its
         `approvals_required`: a request nobody could ever approve is a mistake in
-        the catalogue, refused when it is loaded rather than found by a waiting person."""
+        the catalogue, refused when it is loaded rather than found by a waiting person.
+        A rule's `approvals_required` is the most any of its cases asks (every case's
+        count is a literal), so the approvers are enough for whichever case decides."""
         for tool in self.tools:
             named = [*tool.approvers, *(tool.escalation.to if tool.escalation else [])]
             unknown = [e for e in named if e.startswith(GROUP_PREFIX) and e[len(GROUP_PREFIX) :] not in self.groups]
