@@ -159,6 +159,9 @@ def card_lines(
         f"  │ request:   {visible(request_id, FIELD_CHARS)}",
         f"  │ target:    {target}",
     ]
+    if card.get("reason"):
+        # Why it needs approval, and from how many: the tool's rule over these arguments.
+        lines.append(f"  │ why:       {visible(str(card['reason']), TEXT_CHARS)}")
     arguments = redact_value(card.get("arguments", {}))
     warnings = host_warnings(redact_text(str(card.get("target", "")))) + [
         w for text in _strings(arguments) for w in host_warnings(text)

@@ -224,13 +224,18 @@ def story(entry: dict[str, Any]) -> str:
         plan = {"ask": "needs a person's approval", "run": "runs without approval (policy)"}.get(
             d.get("plan"), f"closed at once ({d.get('reason_code')})"
         )
+        # Why it asks or runs unasked: the tool's rule over the arguments (entries made before rules have none).
+        why = f" ({d['reason']})" if d.get("reason") and d.get("plan") in ("ask", "run") else ""
         return (
-            f"the model asked to call {d.get('tool')} as {subject} (arguments {_short(d.get('call_digest'))}): {plan}"
+            f"the model asked to call {d.get('tool')} as {subject} (arguments {_short(d.get('call_digest'))}): "
+            f"{plan}{why}"
         )
     if kind == "approval.requested":
         return (
             f"approval request {subject} for {d.get('call_id')} ({d.get('tool')}), "
             f"{d.get('approvals_required')} approval(s) needed, digest {_short(d.get('args_digest'))}"
+            + (f": {d['reason']}" if d.get("reason") else "")
+            + (f" (the rule could not be evaluated: {d['rule_error']})" if d.get("rule_error") else "")
         )
     if kind == "response.accepted":
         verb = "approved" if d.get("decision") == "approve" else "denied"

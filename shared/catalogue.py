@@ -355,7 +355,7 @@ class ToolSpec(BaseModel):
             return f"python {self.implementation.function}"
         return "(no implementation)"
 
-    def card(self, arguments: dict[str, Any]) -> ApprovalCard:
+    def card(self, arguments: dict[str, Any], reason: str | None = None) -> ApprovalCard:
         shown, hidden = redact_arguments(arguments, self.closed_parameters)
         return ApprovalCard(
             tool=self.name,
@@ -365,6 +365,7 @@ class ToolSpec(BaseModel):
             target=self.target_of(arguments),
             effect=self.effect,
             hidden=hidden,
+            reason=reason,
         )
 
     def shown_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -131,6 +131,10 @@ class ApprovalCard(Model):
     # The paths of the arguments hidden on it (`api_token`, `auth/password`): a person
     # sees that a value is there and is withheld, never the value.
     hidden: list[str] = []
+    # Why this call needs approval, and from how many: what the tool's approval rule
+    # decided for these arguments ("amount 2,500 > 1,000: two approvers"), recorded with
+    # the request. None on cards made before rules.
+    reason: str | None = Field(default=None, max_length=300)
 
 
 # --- commands ---------------------------------------------------------------
@@ -275,7 +279,8 @@ class ApprovalRequested(Envelope):
     # The session now waits on a person for these requests, this one included
     # (invariant 5): every card also says what else is open in its session.
     pending_request_ids: list[Identifier]
-    # How many distinct people must approve (the tool's `approvals_required`).
+    # How many distinct people must approve (what the tool's rule decided for these
+    # arguments when the request was made; the card says why).
     approvals_required: int = Field(default=1, ge=1)
     # The request's one-time response token, shown only here (the ledger keeps its
     # hash): a channel may answer with it instead of naming a person.

@@ -82,6 +82,8 @@ class Card(Answer):
     approvers: list[str] | None
     approvals: int
     approvals_required: int
+    # Why the call needs approval, and from how many (the tool's rule over its arguments).
+    reason: str | None = None
     starter_may_approve: bool
 
 

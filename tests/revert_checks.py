@@ -740,6 +740,11 @@ MUTATIONS = [
    '    "X-Frame-Options": "DENY",\n',
    '',
    "tests/integration/test_inbox_browser.py::test_a_forged_form_without_the_pages_digest_or_csrf_token_or_from_another_origin_changes_nothing[sqlite]"),
+  ("approval rules: the tool's most approvers tallied, not the count its rule recorded with the request",
+   "services/approval_ledger/domain.py",
+   "    required = spec.approvals_required if recorded_required is None else recorded_required\n",
+   "    required = spec.approvals_required\n",
+   "tests/unit/test_ledger_approval_rules.py::test_a_payment_up_to_the_threshold_is_decided_by_one_approver_as_recorded_with_its_request"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from services.approval_ledger.decision_rules import Verdict, verdict
 from shared.catalogue import ToolCatalogue, ToolSpec
 from shared.keyring import Channel
 from shared.ledger import held_back
@@ -105,6 +106,9 @@ class RequestOnRecord:
     card: dict[str, Any] | None = None
     # When it was committed (for the time a decision took).
     created_at: datetime | None = None
+    # How many distinct people must approve, as the tool's rule decided when the request
+    # was made (None: made before rules; the tool's count applies).
+    approvals_required: int | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,9 @@ class CallPlan:
     spec: ToolSpec | None = None
     reason_code: str | None = None
     reason_text: str | None = None
+    # For a call that asks or runs: what the tool's approval rule decided for its
+    # arguments (how many must approve, 0 for none, and why).
+    verdict: Verdict | None = None
 
 
 def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> list[CallPlan]:
@@ -295,7 +302,9 @@ def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> l
                 )
             )
             continue
-        plans.append(CallPlan(call, "ask" if spec.approval == "always" else "execute", spec))
+        # The tool's rule over these arguments decides (a plain `always` or `never` too).
+        decided = verdict(spec, call.arguments)
+        plans.append(CallPlan(call, "ask" if decided.needs_approval else "execute", spec, verdict=decided))
     return plans
 
 
@@ -455,17 +464,23 @@ class ApprovalPolicy:
 NOBODY = ApprovalPolicy(approvers=frozenset())
 
 
-def approval_policy(catalogue: ToolCatalogue, tool: str, *, escalated: bool = False) -> ApprovalPolicy:
+def approval_policy(
+    catalogue: ToolCatalogue, tool: str, *, escalated: bool = False, recorded_required: int | None = None
+) -> ApprovalPolicy:
     """The tool's declaration as the catalogue has it now (groups resolved now, so
     a person taken out of a group can no longer approve a pending request); once a
-    request was escalated, its escalation group may approve it too."""
+    request was escalated, its escalation group may approve it too. How many must
+    approve is the count recorded with the request, what the tool's rule decided for
+    its arguments (`recorded_required`; None for requests made before rules: the
+    tool's own count)."""
     spec = catalogue.get(tool)
     if spec is None:
         return NOBODY
     approvers = catalogue.approvers_of(spec)
     if escalated and spec.escalation is not None and approvers is not None:
         approvers = approvers | catalogue.principals(spec.escalation.to)
-    return ApprovalPolicy(approvers, spec.starter_may_approve, spec.approvals_required)
+    required = spec.approvals_required if recorded_required is None else recorded_required
+    return ApprovalPolicy(approvers, spec.starter_may_approve, required)
 
 
 def escalation_time(created_at: datetime, spec: ToolSpec) -> datetime | None:

@@ -310,6 +310,8 @@ async def _plan_and_record_calls(
             ),
             plan={"ask": "ask", "execute": "run", "close": "close"}[plan.action],
             reason_code=plan.reason_code,
+            # Why it asks, or why it runs unasked (a rule over its arguments may say none is needed).
+            reason=plan.verdict.reason if plan.verdict else None,
         )
         if plan.action == "close":
             closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
@@ -319,7 +321,8 @@ async def _plan_and_record_calls(
             call.status = "awaiting_approval"
             request_id = request_ids[call.id]
             digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
-            card = plan.spec.card(call.arguments)
+            assert plan.verdict is not None
+            card = plan.spec.card(call.arguments, reason=plan.verdict.reason)
             records.approval_request(
                 store,
                 session,
@@ -329,7 +332,7 @@ async def _plan_and_record_calls(
                 digest,
                 pending,
                 cause,
-                approvals_required=plan.spec.approvals_required,
+                verdict=plan.verdict,
                 expires_at=domain.deadline(store.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
                 escalate_at=domain.escalation_time(store.now, plan.spec),
                 attempt=domain.producing_attempt(cause.attempts),
@@ -353,7 +356,9 @@ async def _respond_to_approval(
     request, step = await store.request_and_calls(response.request_id, response.session_id, response.responder)
     refused = refused or domain.judge_response(request if session else None, response, at=store.now)
     policy = (
-        domain.approval_policy(ledger.catalogue, request.tool, escalated=request.escalated)
+        domain.approval_policy(
+            ledger.catalogue, request.tool, escalated=request.escalated, recorded_required=request.approvals_required
+        )
         if request
         else domain.NOBODY
     )

@@ -46,6 +46,7 @@ from shared.observability import (
 from shared.redaction import redact_text, redact_value
 
 from .authority import Authority
+from .decision_rules import Verdict
 from .domain import (
     Call,
     ClosureOnRecord,
@@ -296,7 +297,7 @@ def approval_request(
     pending_request_ids: list[str],
     cause: Envelope | None,
     *,
-    approvals_required: int,
+    verdict: Verdict,
     expires_at: datetime,
     escalate_at: datetime | None,
     attempt: int | None,
@@ -306,7 +307,9 @@ def approval_request(
     """The request, stored with its one-time response token's hash, its deadline,
     where it came from (turn, step, model attempt, ledger run) and the ledger's seal
     over its call (`Authority.seal_request`); the token itself (random, 256 bits)
-    leaves only in the request's `approval.requested` event."""
+    leaves only in the request's `approval.requested` event. What the tool's rule
+    decided (how many must approve, and why) is recorded with it and tallied from it."""
+    approvals_required = verdict.approvals_required
     response_token = secrets.token_urlsafe(32)
     when_committed(APPROVALS_REQUESTED.labels(tool_label(call.tool)).inc)
     store.audit(
@@ -319,6 +322,9 @@ def approval_request(
         tool=call.tool,
         args_digest=args_digest,
         approvals_required=approvals_required,
+        reason=verdict.reason,
+        # A rule that could not be evaluated for these arguments (the most approvers then ask).
+        rule_error=verdict.error,
         expires_at=expires_at.isoformat(),
     )
     store.add(
@@ -341,6 +347,8 @@ def approval_request(
             "attempt": attempt,
             "run_id": run_id,
             "call_seal": call_seal,
+            "approvals_required": approvals_required,
+            "reason": verdict.reason,
         },
     )
     store.emit(

@@ -274,6 +274,7 @@ class MemoryStore(LedgerStore):
             escalated=row.get("escalated_at") is not None,
             card=copy.deepcopy(row["card"]),
             created_at=row["created_at"],
+            approvals_required=row.get("approvals_required"),
         )
         return request, StepCalls(self._calls_of_step(step["id"]), self._waits(session_id, besides=request_id))
 

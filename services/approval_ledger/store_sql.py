@@ -173,6 +173,7 @@ _REQUEST_AND_CALLS = (
         _request.c.escalated_at.label("request_escalated_at"),
         _request.c.card.label("request_card"),
         _request.c.created_at.label("request_created_at"),
+        _request.c.approvals_required.label("request_approvals_required"),
         _turn.c.started_by.label("turn_started_by"),
         _session.c.started_by.label("session_started_by"),
         select(func.count()).where(_approvals.c.request_id == _request.c.id).scalar_subquery().label("approvals"),
@@ -334,6 +335,7 @@ class DatabaseStore(LedgerStore):
             escalated=first.request_escalated_at is not None,
             card=first.request_card,
             created_at=first.request_created_at,
+            approvals_required=first.request_approvals_required,
         )
         return request, StepCalls([_call(row) for row in rows], bool(first.waiting))
 

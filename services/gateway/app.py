@@ -145,6 +145,8 @@ class Card(BaseModel):
     approvers: list[str] | None
     approvals: int
     approvals_required: int
+    # Why the call needs approval, and from how many (the tool's rule over its arguments).
+    reason: str | None = None
     starter_may_approve: bool
 
 

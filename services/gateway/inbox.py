@@ -88,6 +88,8 @@ def shown_card(card: dict[str, Any], now: datetime) -> dict[str, Any]:
         "tool_shown": visible(card.get("tool", ""), FIELD_CHARS),
         "label_shown": visible(card.get("label", ""), FIELD_CHARS),
         "description_shown": visible(card.get("description", ""), TEXT_CHARS),
+        # Why it needs approval: the tool's rule over these arguments, as the ledger recorded it.
+        "reason_shown": visible(card.get("reason") or "", TEXT_CHARS),
         "target_shown": visible(target, TARGET_CHARS) if target else "",
         "warnings": host_warnings(target) + [w for line in json_lines(card["arguments"]) for w in host_warnings(line)],
         "argument_lines": json_lines(card.get("arguments", {})),

@@ -172,7 +172,12 @@ class Ledger:
             "expires_at": request.expires_at,
             "approvers": None if rule.approvers is None else sorted(rule.approvers),
             "approvals": int(approvals or 0),
-            "approvals_required": rule.approvals_required,
+            # What the tool's rule decided for these arguments when the request was made
+            # (requests made before rules: the tool's count), and why.
+            "approvals_required": rule.approvals_required
+            if request.approvals_required is None
+            else request.approvals_required,
+            "reason": request.reason,
             "starter_may_approve": rule.starter_may_approve,
         }
 

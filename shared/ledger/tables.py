@@ -179,6 +179,13 @@ class ApprovalRequest(Base):
     # approved call only if it names the arguments on record and in the command, so
     # arguments swapped in the database never run (None: made before seals; never runs).
     call_seal: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # What the tool's approval rule decided for these arguments when the request was made
+    # (services/approval_ledger/decision_rules.py `verdict`, migration 0013): how many
+    # distinct people must approve (the count tallied, not the catalogue's at response
+    # time) and why, as the card and the audit log say it. None: made before rules; the
+    # catalogue's `approvals_required` then counts.
+    approvals_required: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Approval(Base):

@@ -71,12 +71,12 @@ TOPOLOGY = Topology("unit")
 class Rig:
     """One ledger on one memory database, and what it said."""
 
-    def __init__(self, **options) -> None:
+    def __init__(self, catalogue: ToolCatalogue = CATALOGUE, **options) -> None:
         self.database = MemoryDatabase()
         self.ledger = Ledger(
             open_store=partial(self.database.store, TOPOLOGY, None),
             topology=TOPOLOGY,
-            catalogue=CATALOGUE,
+            catalogue=catalogue,
             authority=AUTHORITY,
             default_provider="scripted",
             check_senders=False,
