@@ -135,6 +135,10 @@ class ApprovalCard(Model):
     # decided for these arguments ("amount 2,500 > 1,000: two approvers"), recorded with
     # the request. None on cards made before rules.
     reason: str | None = Field(default=None, max_length=300)
+    # Set once a person changed the arguments before approving: who, and how (a short
+    # diff, secrets hidden). The arguments above are then the edited ones.
+    edited_by: str | None = Field(default=None, max_length=256)
+    edit: str | None = Field(default=None, max_length=2000)
 
 
 # --- commands ---------------------------------------------------------------
@@ -189,9 +193,14 @@ class RespondToApproval(Envelope):
     # received the click signs the response, which names `token:<channel>` as its
     # responder (no person), and the token may be redeemed once, for its request only.
     response_token: str | None = Field(default=None, min_length=1, max_length=100)
+    # Edit before approve: the whole argument object as the person sent it from the card
+    # (a field as shown is unchanged; a secret shown redacted keeps its real value). The
+    # ledger judges it (`decision_rules.judge_edit`) and the approval then binds these
+    # arguments; `args_digest` stays the digest of the card the person was shown.
+    edited_arguments: dict[str, Any] | None = None
 
     def signed_part(self) -> dict[str, Any]:
-        signed = {
+        signed: dict[str, Any] = {
             "response_id": self.response_id,
             "session_id": self.session_id,
             "request_id": self.request_id,
@@ -206,6 +215,9 @@ class RespondToApproval(Envelope):
         # Only when redeemed: an adapter that never uses tokens never signs the field.
         if self.response_token is not None:
             signed["response_token"] = self.response_token
+        # Only when set: an adapter that never edits never signs the field.
+        if self.edited_arguments is not None:
+            signed["edited_arguments"] = self.edited_arguments
         return signed
 
 

@@ -84,6 +84,9 @@ class Card(Answer):
     approvals_required: int
     # Why the call needs approval, and from how many (the tool's rule over its arguments).
     reason: str | None = None
+    # Set once a person changed the arguments before approving: who, and how (a short diff).
+    edited_by: str | None = None
+    edit: str | None = None
     starter_may_approve: bool
 
 

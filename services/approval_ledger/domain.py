@@ -565,9 +565,18 @@ def request_status_after(decision: str) -> str:
     return "approved" if decision == "approve" else "denied"
 
 
-def note_of(response: RespondToApproval) -> Note | None:
-    """A decision's message goes to the model; a decision without one says nothing more."""
-    return Note(response.responder, response.message) if response.message else None
+def note_of(response: RespondToApproval, edit: str | None = None) -> Note | None:
+    """A decision's message goes to the model; a decision without one says nothing more.
+    A person who changed the arguments before approving: the model is told so, and how."""
+    message = "\n".join(part for part in (edit, response.message) if part)
+    return Note(response.responder, message) if message else None
+
+
+def edit_of(card: Mapping[str, Any] | None) -> str | None:
+    """What the model is told of an edit on record on the card: who changed which arguments."""
+    if not card or not card.get("edit"):
+        return None
+    return f"{card.get('edited_by') or 'A person'} changed the arguments before approving: {card['edit']}"
 
 
 def closure_of_denial(reason: str) -> ClosureOnRecord:

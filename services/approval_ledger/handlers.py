@@ -6,6 +6,7 @@ only: every rule is in `domain`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from shared.observability import (
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
-from . import domain, records
+from . import decision_rules, domain, records
 from .authority import Authority
 from .store import NO_OPEN_TURN, Duplicate, LedgerStore, SessionState, StepCalls
 
@@ -372,6 +373,12 @@ async def _respond_to_approval(
         if altered:
             await _close_altered(ledger, store, session, request, step, response, altered)
             return
+        if response.edited_arguments is not None:
+            edited = _edit(ledger, store, session, request, step, response)
+            if isinstance(edited, domain.Refusal):
+                records.refusal(store, session, response, edited)
+                return
+            request, policy = edited, dataclasses.replace(policy, approvals_required=edited.approvals_required or 1)
     counted = domain.tally(policy, request, response.decision)
     records.accepted(store, session, request, response, counted)
     if not counted.decides:
@@ -391,6 +398,73 @@ def _judge_arguments_on_record(
         return domain.ALTERED
     on_record = ledger.authority.digest(request.id, call.tool, spec.version, call.arguments)
     return domain.judge_arguments(on_record, response.args_digest)
+
+
+def _edit(
+    ledger: Ledger,
+    store: LedgerStore,
+    session: SessionState,
+    request: domain.RequestOnRecord,
+    step: StepCalls,
+    response: RespondToApproval,
+) -> domain.RequestOnRecord | domain.Refusal:
+    """Edit before approve: the person's edited arguments, judged by the tool's
+    declaration and schema (`decision_rules.judge_edit`); accepted with changes, they
+    become the call's: its row, the request's digest, the ledger's seal and the card
+    name them, the tool's rule is evaluated again for them, and the approval at hand
+    counts for them alone. The audit log keeps digests of both and who edited."""
+    call = step.find(request.call_id)
+    spec = ledger.catalogue.get(request.tool)
+    assert call is not None and spec is not None and response.edited_arguments is not None
+    judged = decision_rules.judge_edit(spec, call.arguments, response.edited_arguments)
+    if isinstance(judged, decision_rules.EditRefused):
+        return domain.Refusal(judged.reason, judged.detail)
+    if not judged.changed:
+        return request
+    if request.approvals:
+        # Approvals already counted were given for other arguments; the count would have to
+        # restart, which the ledger cannot record yet (NOTES-wire.md): refused, nothing runs.
+        return domain.Refusal(
+            "edit_after_approvals",
+            f"{request.tool!r} already has approvals for the arguments as shown; an edit must come first.",
+        )
+    authority = ledger.authority
+    original_digest = request.args_digest
+    decided = decision_rules.verdict(spec, judged.arguments)
+    required = max(1, decided.approvals_required)
+    digest = authority.digest(request.id, call.tool, spec.version, judged.arguments)
+    card = spec.card(judged.arguments, reason=decided.reason).model_copy(
+        update={"edited_by": response.responder, "edit": judged.diff[:2000]}
+    )
+    call.arguments = judged.arguments
+    store.update("tool_calls", call.id, arguments=judged.arguments, args_digest=arguments_fingerprint(judged.arguments))
+    store.update(
+        "approval_requests",
+        request.id,
+        args_digest=digest,
+        card=card.model_dump(mode="json"),
+        call_seal=authority.seal_request(request.id, call.id, session.id, call.tool, judged.arguments),
+        approvals_required=required,
+        reason=decided.reason,
+    )
+    store.audit(
+        session,
+        session.id,
+        "arguments.edited",
+        subject=request.id,
+        actor=response.responder,
+        message_id=response.message_id,
+        call_id=call.id,
+        tool=call.tool,
+        original_digest=original_digest,
+        edited_digest=digest,
+        changed=list(judged.changed),
+        approvals_required=required,
+        reason=decided.reason,
+    )
+    return dataclasses.replace(
+        request, args_digest=digest, card=card.model_dump(mode="json"), approvals_required=required
+    )
 
 
 async def _close_altered(
@@ -437,8 +511,8 @@ async def _decide(
     if request.created_at is not None:
         waited = _seconds(request.created_at, store.now)
         when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, waited))
-    records.decision(store, session, request, response)
-    call.note = domain.note_of(response)
+    call.note = domain.note_of(response, edit=domain.edit_of(request.card))
+    records.decision(store, session, request, response, message=call.note.message if call.note else "")
     store.emit(
         session,
         ApprovalDecided(

@@ -467,7 +467,16 @@ def approval_counted(
     session.updated_at = store.now
 
 
-def decision(store: LedgerStore, session: SessionState, request: RequestOnRecord, response: RespondToApproval) -> None:
+def decision(
+    store: LedgerStore,
+    session: SessionState,
+    request: RequestOnRecord,
+    response: RespondToApproval,
+    *,
+    message: str | None = None,
+) -> None:
+    """`message`: what the model is told with the decision (the person's message, and an
+    edit of the arguments, if any); the response's message when not given."""
     request_id = request.id
     store.audit(
         session,
@@ -486,7 +495,7 @@ def decision(store: LedgerStore, session: SessionState, request: RequestOnRecord
             "request_id": request_id,
             "decision": response.decision,
             "reason": response.reason,
-            "message": response.message,
+            "message": response.message if message is None else message,
             "responder": response.responder,
             "message_id": response.message_id,
             "response_id": response.response_id,

@@ -107,6 +107,10 @@ class DecisionBody(Strict):
     # The digest on the card the person read; the ledger refuses an approval of other arguments.
     # Empty: the request's digest as the ledger holds it.
     args_digest: str | None = Field(default=None, max_length=100)
+    # Edit before approve: the whole argument object as edited from the card (fields as
+    # shown are unchanged). Relayed as sent: the ledger judges it against the tool's
+    # declaration and schema, and the approval then binds these arguments.
+    arguments: dict[str, Any] | None = None
 
 
 class Verdict(BaseModel):
@@ -147,6 +151,9 @@ class Card(BaseModel):
     approvals_required: int
     # Why the call needs approval, and from how many (the tool's rule over its arguments).
     reason: str | None = None
+    # Set once a person changed the arguments before approving: who, and how (a short diff).
+    edited_by: str | None = None
+    edit: str | None = None
     starter_may_approve: bool
 
 
@@ -576,6 +583,7 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
                 reason=body.reason,
                 message=body.message,
                 responder=who.user.name,
+                edited_arguments=body.arguments if body.decision == "approve" else None,
             )
             await gateway.send(gateway.sign(response))
             earlier = await wait_for_verdict(gateway, found.session_id, message_id)

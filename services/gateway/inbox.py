@@ -90,6 +90,9 @@ def shown_card(card: dict[str, Any], now: datetime) -> dict[str, Any]:
         "description_shown": visible(card.get("description", ""), TEXT_CHARS),
         # Why it needs approval: the tool's rule over these arguments, as the ledger recorded it.
         "reason_shown": visible(card.get("reason") or "", TEXT_CHARS),
+        "edit_shown": visible(f"{card.get('edited_by')} changed them: {card.get('edit')}", TEXT_CHARS)
+        if card.get("edit")
+        else "",
         "target_shown": visible(target, TARGET_CHARS) if target else "",
         "warnings": host_warnings(target) + [w for line in json_lines(card["arguments"]) for w in host_warnings(line)],
         "argument_lines": json_lines(card.get("arguments", {})),

@@ -178,6 +178,9 @@ class Ledger:
             if request.approvals_required is None
             else request.approvals_required,
             "reason": request.reason,
+            # Set once a person changed the arguments before approving: who, and how.
+            "edited_by": card.get("edited_by"),
+            "edit": card.get("edit"),
             "starter_may_approve": rule.starter_may_approve,
         }
 

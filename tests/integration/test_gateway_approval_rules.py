@@ -1,19 +1,22 @@
-"""Approval that depends on the arguments (issue 23, section 4) on the real services
-and the gateway, on both stores: a refund of 20 runs with no card, one of 5,000 needs
-two approvers, and the card (API, inbox page) and the audit log say why."""
+"""Approval that depends on the arguments (issue 23, section 4) and edit before approve
+(section 2) on the real services and the gateway, on both stores: a refund of 20 runs
+with no card, one of 5,000 needs two approvers, and the card (API, inbox page) and the
+audit log say why; an approval with edited arguments runs exactly them, and forged
+edits are refused with nothing run."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import yaml
 from sqlalchemy import select
 
-from shared.ledger.tables import ApprovalRequest, AuditEntry
+from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision, ToolCall
 from tests.gateway_client import GatewayClient
-from tests.harness import eventually
-from tests.integration.test_gateway import add_people, pending_card, start, url
+from tests.harness import eventually, rows
+from tests.integration.test_gateway import add_people, nothing_decided, pending_card, problem, start, url
 
 WHY_LARGE = "amount 5,000 above 100; amount 5,000 > 1,000: two approvers"
 
@@ -32,6 +35,7 @@ def tools_with_a_refund_rule(deployment):
                 {"when": "args.amount > 1000", "then": 2, "reason": "amount {amount:,} > 1,000: two approvers"},
                 {"then": 1, "reason": "amount {amount:,} up to 1,000: one approver"},
             ]
+            tool["editable"] = ["amount"]
     path = deployment.data_dir.parent / "tools-with-a-refund-rule.yaml"
     path.write_text(yaml.safe_dump(catalogue))
     return path
@@ -78,3 +82,40 @@ async def test_a_small_refund_runs_unasked_and_a_large_one_needs_two_approvers_a
     assert (ran.detail["plan"], ran.detail["reason"]) == ("run", "amount 20 up to 100: no approval")
     [asked] = [e for e in await audit_of(gateway, large) if e.kind == "approval.requested"]
     assert (asked.detail["approvals_required"], asked.detail["reason"]) == (2, WHY_LARGE)
+
+
+async def test_an_approval_with_edited_arguments_runs_exactly_them_and_the_audit_log_keeps_both(gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        large = await start(alice, "refund-large")
+        card = await pending_card(alice, large)
+        edited = {"amount": 900, "customer": "c-2"}
+        verdict = (await alice.decide(card["id"], args_digest=card["args_digest"], arguments=edited)).json()
+        # 900 needs one approver: the edited arguments were judged again, and alice's approval decides.
+        assert verdict["decided"] is True, verdict
+        await eventually(lambda: asyncio.sleep(0, sink.counts["/refunds"] == 1), 30)
+        shown = (await alice.get(f"/v1/requests/{card['id']}")).json()
+        assert (shown["arguments"], shown["edited_by"], shown["approvals_required"]) == (edited, "alice", 1)
+    assert json.loads(sink.requests[-1]["body"]) == edited
+    [call] = await rows(gateway, ToolCall, session_id=large)
+    assert call.arguments == edited
+    [decision] = await rows(gateway, Decision, request_id=card["id"])
+    assert decision.message.startswith("alice changed the arguments before approving")
+    [entry] = [e for e in await audit_of(gateway, large) if e.kind == "arguments.edited"]
+    assert (entry.actor, entry.detail["original_digest"], entry.detail["changed"]) == (
+        "alice", card["args_digest"], ["amount"])
+
+
+async def test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_arguments_is_refused_and_nothing_runs(
+        gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "refund-large"))
+        widened = await alice.decide(card["id"], args_digest=card["args_digest"],
+                                     arguments={"amount": 5000, "customer": "mallory"})
+        assert problem(widened, 409, "field-not-editable")["reason_code"] == "field_not_editable"
+        other = await alice.decide(card["id"], args_digest="0" * 64, arguments={"amount": 10, "customer": "c-2"})
+        assert problem(other, 409, "digest-mismatch")["reason_code"] == "digest_mismatch"
+        await nothing_decided(gateway, card, sink, "/refunds")
+        [call] = await rows(gateway, ToolCall, session_id=card["session_id"])
+        assert call.arguments == {"amount": 5000, "customer": "c-2"}

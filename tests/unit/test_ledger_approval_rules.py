@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from shared.catalogue import ToolCatalogue
-from shared.signatures import unseal
+from shared.signatures import arguments_fingerprint, unseal
 
 from .test_ledger_handlers import LEDGER_KEY, RUNS, Rig, call
 
@@ -25,9 +25,14 @@ RULES = ToolCatalogue.model_validate(
                     {"when": "args.amount > 1000", "then": 2, "reason": "amount {amount:,} > 1,000: two approvers"},
                     {"then": 1, "reason": "amount {amount:,} up to 1,000: one approver"},
                 ],
+                "editable": ["amount", "memo"],
                 "parameters": {
                     "type": "object",
-                    "properties": {"amount": {"type": "number"}, "payee": {"type": "string"}},
+                    "properties": {
+                        "amount": {"type": "number", "exclusiveMinimum": 0},
+                        "payee": {"type": "string"},
+                        "memo": {"type": "string"},
+                    },
                     "required": ["amount", "payee"],
                 },
             },
@@ -125,3 +130,89 @@ async def test_a_rule_that_cannot_be_evaluated_for_the_call_asks_the_tools_most_
     assert asked["approvals_required"] == 2 and "could not be evaluated" in asked["rule_error"]
     await rig.respond(requested, responder="alice")
     assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "pending"
+
+
+# --- edit before approve (issue 23, section 2) -----------------------------------------------
+
+
+async def test_an_edited_approval_runs_exactly_the_edited_arguments_sealed_for_them_and_the_model_is_told(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice", edited_arguments={"amount": 900, "payee": "ACME"})
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    # Re-evaluated for the edited arguments: 900 needs one approver, and alice's decides.
+    assert (request["status"], request["approvals_required"]) == ("approved", 1)
+    assert request["args_digest"] != requested["args_digest"]
+    assert request["card"]["arguments"] == {"amount": 900, "payee": "ACME"} and request["card"]["edited_by"] == "alice"
+    execute = rig.last("tool.execute")
+    assert execute["arguments"] == {"amount": 900, "payee": "ACME"}
+    sealed = unseal(LEDGER_KEY.public_key(), execute["authorization"])
+    assert sealed["arguments"] == arguments_fingerprint({"amount": 900, "payee": "ACME"})
+    [row] = rig.rows("tool_calls", id=requested["call_id"])
+    assert row["arguments"] == {"amount": 900, "payee": "ACME"}
+    [edited] = audit(rig, "arguments.edited")
+    assert (edited["original_digest"], edited["edited_digest"], edited["changed"]) == (
+        requested["args_digest"],
+        request["args_digest"],
+        ["amount"],
+    )
+    [entry] = [r for r in rig.rows("audit_log", session_id=rig.session_id) if r["kind"] == "arguments.edited"]
+    assert entry["actor"] == "alice"
+    [decision] = rig.rows("decisions", request_id=requested["request_id"])
+    assert decision["message"].startswith("alice changed the arguments before approving: ") and "900" in (
+        decision["message"]
+    )
+
+
+async def test_an_edit_that_needs_more_approvers_waits_for_them_on_the_edited_version(rig):
+    requested = await rig.ask("pay_invoice", amount=500, payee="ACME")
+    await rig.respond(requested, responder="alice", edited_arguments={"amount": 5000, "payee": "ACME"})
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (request["status"], request["approvals_required"]) == ("pending", 2)
+    assert rig.events("tool.execute") == []
+    # bob approving the card as first shown names other arguments: refused.
+    await rig.respond(requested, responder="bob")
+    assert rig.rejected() == ["digest_mismatch"]
+    await rig.respond({**requested, "args_digest": request["args_digest"]}, responder="bob")
+    assert rig.last("tool.execute")["arguments"] == {"amount": 5000, "payee": "ACME"}
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "edited", "code"),
+    [
+        ("pay_invoice", {"amount": 500, "payee": "ACME"}, {"amount": 500, "payee": "Mallory"}, "field_not_editable"),
+        ("pay_invoice", {"amount": 500, "payee": "ACME"}, {"amount": -5, "payee": "ACME"}, "edit_breaks_schema"),
+        ("read_object", {"bucket": "private"}, {"bucket": "public"}, "tool_not_editable"),
+    ],
+)
+async def test_a_refused_edit_is_answered_with_its_reason_and_nothing_is_decided_or_run(rig, tool, arguments, edited,
+                                                                                        code):
+    requested = await rig.ask(tool, **arguments)
+    await rig.respond(requested, responder="alice", edited_arguments=edited)
+    assert rig.rejected() == [code]
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (request["status"], request["args_digest"]) == ("pending", requested["args_digest"])
+    assert rig.rows("tool_calls", id=requested["call_id"])[0]["arguments"] == arguments
+    assert rig.events("tool.execute") == [] and rig.rows("approvals") == []
+
+
+async def test_an_edit_sent_with_the_digest_of_other_arguments_is_refused_and_nothing_runs(rig):
+    requested = await rig.ask("pay_invoice", amount=500, payee="ACME")
+    await rig.respond({**requested, "args_digest": "0" * 64}, responder="alice",
+                      edited_arguments={"amount": 400, "payee": "ACME"})
+    assert rig.rejected() == ["digest_mismatch"]
+    assert rig.events("tool.execute") == [] and rig.rows("audit_log", kind="arguments.edited") == []
+
+
+async def test_an_edit_after_approvals_were_counted_is_refused_and_nothing_runs(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="bob", edited_arguments={"amount": 2400, "payee": "ACME"})
+    assert rig.rejected() == ["edit_after_approvals"]
+    assert rig.events("tool.execute") == []
+
+
+async def test_an_edit_that_changes_nothing_is_a_plain_approval(rig):
+    requested = await rig.ask("pay_invoice", amount=500, payee="ACME")
+    await rig.respond(requested, responder="alice", edited_arguments={"amount": 500, "payee": "ACME"})
+    assert rig.last("tool.execute")["arguments"] == {"amount": 500, "payee": "ACME"}
+    assert rig.rows("audit_log", kind="arguments.edited") == []
