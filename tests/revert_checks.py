@@ -745,6 +745,23 @@ MUTATIONS = [
    "    required = spec.approvals_required if recorded_required is None else recorded_required\n",
    "    required = spec.approvals_required\n",
    "tests/unit/test_ledger_approval_rules.py::test_a_payment_up_to_the_threshold_is_decided_by_one_approver_as_recorded_with_its_request"),
+  ("edit before approve: a change to a field the tool does not list as editable is accepted",
+   "services/approval_ledger/decision_rules.py",
+   "    refused = [name for name in changed if not tool.may_edit(name)]\n",
+   "    refused: list[str] = []\n",
+   "tests/unit/test_ledger_approval_rules.py::test_a_refused_edit_is_answered_with_its_reason_and_nothing_is_decided_or_run "
+   "tests/integration/test_gateway_approval_rules.py::test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_arguments_is_refused_and_nothing_runs[sqlite]"),
+  ("edit before approve: the executor is sent the arguments as first proposed, not the edited ones",
+   "services/approval_ledger/handlers.py",
+   "    call.arguments = judged.arguments\n",
+   "",
+   "tests/unit/test_ledger_approval_rules.py::test_an_edited_approval_runs_exactly_the_edited_arguments_sealed_for_them_and_the_model_is_told"),
+  ("edit before approve: an edit sent with the digest of other arguments is judged",
+   "services/approval_ledger/domain.py",
+   "    if response.decision == \"approve\" and response.args_digest != request.args_digest:\n",
+   "    if False:\n",
+   "tests/unit/test_ledger_approval_rules.py::test_an_edit_sent_with_the_digest_of_other_arguments_is_refused_and_nothing_runs "
+   "tests/integration/test_gateway_approval_rules.py::test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_arguments_is_refused_and_nothing_runs[sqlite]"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
