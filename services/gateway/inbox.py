@@ -24,6 +24,7 @@ import asyncio
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from shared import audit
+from shared.catalogue import ToolSpec
 from shared.ledger.tables import Approval, AuditEntry, Turn
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_lines, visible
 from shared.redaction import redact_text
@@ -106,6 +108,47 @@ def shown_card(card: dict[str, Any], now: datetime) -> dict[str, Any]:
         if card.get("approvers") is None
         else ", ".join(visible(a, FIELD_CHARS) for a in card["approvers"]) or "nobody",
     }
+
+
+# The form's name for an edited argument: `arg.<name>`.
+ARGUMENT_FIELD = "arg."
+
+
+def edit_fields(spec: ToolSpec | None, card: dict[str, Any]) -> list[dict[str, Any]]:
+    """The arguments a person may edit on this card (the tool's `editable`, never a hidden
+    one), each with its value as shown: text as typed, anything else as JSON."""
+    if spec is None or not spec.is_editable:
+        return []
+    properties = spec.closed_parameters.get("properties", {})
+    hidden = set(card.get("hidden", []))
+    fields = []
+    for name in properties:
+        if not spec.may_edit(name) or name in hidden:
+            continue
+        value = card.get("arguments", {}).get(name)
+        text = properties[name].get("type") == "string"
+        shown = "" if value is None else (value if text and isinstance(value, str) else json.dumps(value))
+        fields.append({"name": name, "label": visible(name, FIELD_CHARS), "value": shown, "text": text})
+    return fields
+
+
+def edited_arguments(spec: ToolSpec | None, card: dict[str, Any], form: Mapping[str, str]) -> dict[str, Any]:
+    """The whole argument object as edited on the page: the card's arguments as shown, each
+    editable field replaced by what the form sent (text as typed, else parsed as JSON; what
+    does not parse is sent as typed, and the ledger's schema check refuses it)."""
+    arguments = dict(card.get("arguments", {}))
+    for field in edit_fields(spec, card):
+        sent = form.get(ARGUMENT_FIELD + field["name"])
+        if sent is None or sent == field["value"]:
+            continue
+        if field["text"]:
+            arguments[field["name"]] = sent
+        else:
+            try:
+                arguments[field["name"]] = json.loads(sent)
+            except ValueError:
+                arguments[field["name"]] = sent
+    return arguments
 
 
 def _aware(moment: datetime) -> datetime:
@@ -427,6 +470,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
             key=new_key(),
             hint=None if split["mine"] else shown.get("why_not_yours"),
             may_see_session=await ledger.may_see_session(who.user, card["session_id"]),
+            edit_fields=edit_fields(ledger.catalogue.get(card["tool"]), card),
         )
 
     @router.post("/requests/{request_id}/decision")
@@ -447,11 +491,19 @@ def install_routes(app: FastAPI, api: Any) -> None:
                 raise Problem(422, "invalid", "The approval names no arguments", "Reload the card and try again.")
             if decision == "deny" and not form.get("reason", "").strip():
                 raise Problem(422, "reason-required", "Say why you deny it", "A denial needs a reason.")
+            edited = None
+            if decision == "approve" and form.get("edit") == "1":
+                # The card's arguments as shown, the edited fields replaced; the ledger judges the edit.
+                card = await endpoint("GET", "/v1/requests/{request_id}")(
+                    request_id=_identifier(request_id), request=request, who=who
+                )
+                edited = edited_arguments(api.gateway_of(request).ledger.catalogue.get(card["tool"]), card, form)
             body = api.DecisionBody(
                 decision=decision,
                 reason=form.get("reason", "").strip() if decision == "deny" else "",
                 message=form.get("message", "").strip() if decision == "approve" else "",
                 args_digest=form.get("args_digest") if decision == "approve" else None,
+                arguments=edited,
             )
             verdict = await endpoint("POST", "/v1/requests/{request_id}/decision")(
                 request_id=_identifier(request_id), body=body, request=request, who=who, idempotency_key=key

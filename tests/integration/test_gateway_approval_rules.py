@@ -119,3 +119,22 @@ async def test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_argume
         await nothing_decided(gateway, card, sink, "/refunds")
         [call] = await rows(gateway, ToolCall, session_id=card["session_id"])
         assert call.arguments == {"amount": 5000, "customer": "c-2"}
+
+
+async def test_the_inbox_card_page_offers_the_editable_fields_and_its_edit_form_approves_the_edited_arguments(
+        gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        large = await start(alice, "refund-large")
+        card = await pending_card(alice, large)
+        page = (await alice.get(f"/inbox/requests/{card['id']}")).text
+        assert 'id="edit-form"' in page and 'name="arg.amount"' in page and 'name="arg.customer"' not in page
+        sent = await alice.http.post(
+            f"/inbox/requests/{card['id']}/decision",
+            data={"csrf_token": alice.csrf, "idempotency_key": "edit-1", "decision": "approve", "edit": "1",
+                  "args_digest": card["args_digest"], "arg.amount": "700"},
+            headers=alice.headers(csrf=False, Origin=url(gateway)),
+        )
+        assert sent.status_code == 303, sent.text
+        await eventually(lambda: asyncio.sleep(0, sink.counts["/refunds"] == 1), 30)
+    assert json.loads(sink.requests[-1]["body"]) == {"amount": 700, "customer": "c-2"}
