@@ -20,6 +20,7 @@ from services.approval_ledger.authority import Authority
 from services.approval_ledger.handlers import Ledger
 from services.approval_ledger.store import Duplicate
 from services.approval_ledger.store_memory import MemoryDatabase
+from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import ParkedMessage
@@ -659,3 +660,59 @@ async def test_transitions_settled_in_one_store_commit_together_and_a_duplicate_
         await store.commit()
     assert len(rig.database.rows("turns")) == 2
     assert store.settled == 2
+
+
+# --- what a transition says besides its rows ----------------------------------------
+
+
+async def test_each_applied_transition_logs_one_line_once_committed_and_a_rejected_one_only_its_rejection(
+    rig, caplog
+):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    turn = StartTurn(session_id=rig.session_id, text="hi", started_by="ann")
+    await handlers.start_turn(rig.ledger, turn)
+    await handlers.start_turn(rig.ledger, StartTurn(session_id=rig.session_id, text="again"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "signoff.ledger"]
+    assert lines[0] == f"applied turn.start {turn.message_id}: session {rig.session_id} is running"
+    assert [line for line in lines[1:] if line.startswith("applied")] == []
+    assert any(line.startswith("rejected turn.start") and line.endswith("session_busy") for line in lines[1:])
+
+
+async def test_an_execution_refusal_is_audited_with_its_sender_tool_and_a_digest_of_its_reason(rig):
+    await rig.start()
+    refusal = RefuseExecution(
+        session_id=rig.session_id, call_id=mint("call"), tool="read_clock", reason_code="bad_seal", reason_text="why"
+    )
+    token = sender.set("unit.tool-executor")
+    try:
+        await handlers.execution_refused(rig.ledger, refusal)
+    finally:
+        sender.reset(token)
+    [entry] = rig.rows("audit_log", kind="execution.refused")
+    assert (entry["actor"], entry["message_id"], entry["session_id"]) == (
+        "unit.tool-executor",
+        refusal.message_id,
+        rig.session_id,
+    )
+    assert entry["detail"]["tool"] == "read_clock" and entry["detail"]["reason_code"] == "bad_seal"
+    assert entry["detail"]["reason_digest"] == digest_of("why")
+    alerted = rig.last("operator.alerted")
+    assert (alerted["tool"], alerted["causation_id"], alerted["reason_text"]) == (
+        "read_clock",
+        refusal.message_id,
+        "The executor refused to run it: why",
+    )
+
+
+async def test_an_escalation_is_audited_and_announced_with_the_requests_card_and_digest(rig):
+    requested = await rig.ask(tool="deploy")
+    await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    [entry] = rig.rows("audit_log", kind="approval.escalated")
+    assert (entry["subject"], entry["detail"]["to"]) == (requested["request_id"], ["lena"])
+    escalated = rig.last("approval.escalated")
+    assert (escalated["call_id"], escalated["args_digest"], escalated["card"]) == (
+        requested["call_id"],
+        requested["args_digest"],
+        requested["card"],
+    )
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["escalated_at"] is not None
