@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -208,6 +207,8 @@ class Gateway:
     # API tokens for programs (programs.py); OpenID Connect logins (oidc.py), when configured.
     tokens: LiveTokens | None = None
     oidc: Any = None
+    # The process's one watcher of the ledger: the outbox tail and the verdicts waited on (watch.py).
+    watch: Any = None
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -574,8 +575,9 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
                 message=body.message,
                 responder=who.user.name,
             )
-            await gateway.send(gateway.sign(response))
-            earlier = await wait_for_verdict(gateway, found.session_id, message_id)
+            signed = gateway.sign(response)
+            wait = gateway.settings.gateway_decision_wait_seconds
+            earlier = await gateway.watch.verdict(found.session_id, message_id, wait, lambda: gateway.send(signed))
         if earlier is None:
             return pending(request_id, response_id)
         if earlier.subject != request_id or (earlier.detail or {}).get("decision") != body.decision:
@@ -613,11 +615,17 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         tags=["events"],
     )
     async def events(
-        request: Request, who: Who, last_event_id: Annotated[str | None, Header(max_length=64)] = None
+        request: Request,
+        who: Who,
+        last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+        since: Annotated[Literal["start", "now"], Query()] = "start",
     ) -> Response:
         """Server-Sent Events of every event the caller may see, in the ledger's commit
-        order, each with an id; `Last-Event-ID` resumes right after it, on any replica."""
-        return await stream(gateway_of(request), who.user, last_event_id)
+        order, each with an id; `Last-Event-ID` resumes right after it, on any replica.
+        Without one the stream starts at the ledger's beginning (`since=start`), or with
+        what is committed from now on (`since=now`: its first message is the id to resume
+        from, with no event, so a reconnect before any event misses nothing)."""
+        return await stream(gateway_of(request), who.user, last_event_id, since)
 
     install_oidc_routes(app, sys.modules[__name__])
     return app
@@ -656,17 +664,6 @@ def not_found(what: str) -> Problem:
 def response_ids(principal: str, key: str) -> tuple[str, str]:
     digest = hashlib.sha256(b"signoff-gateway-response\0" + principal.encode() + b"\0" + key.encode()).hexdigest()
     return f"msg_{digest[:32]}", f"rsp_{digest[:32]}"
-
-
-async def wait_for_verdict(gateway: Gateway, session_id: str, message_id: str):
-    deadline = time.monotonic() + gateway.settings.gateway_decision_wait_seconds
-    pause = 0.02
-    while True:
-        found = await gateway.ledger.verdict(session_id, message_id)
-        if found is not None or time.monotonic() >= deadline:
-            return found
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 0.25)
 
 
 def pending(request_id: str, response_id: str) -> JSONResponse:

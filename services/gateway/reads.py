@@ -229,7 +229,33 @@ class Ledger:
                 )
             )
 
+    async def verdicts(self, waiting: Sequence[tuple[str, str]]) -> Sequence[AuditEntry]:
+        """The verdicts committed so far on any of these (session id, message id): one
+        query for every decision a gateway process is waiting on (watch.py)."""
+        query = select(AuditEntry).where(
+            AuditEntry.session_id.in_({s for s, _ in waiting}),
+            AuditEntry.message_id.in_({m for _, m in waiting}),
+            AuditEntry.kind.in_(("response.accepted", "response.rejected")),
+        )
+        async with self.sessions() as db:
+            return list(await db.scalars(query))
+
     # --- events -------------------------------------------------------------------
+
+    async def newest_event(self) -> tuple[int, int]:
+        """The cursor of "now": the newest outbox row (any type) below the horizon (see
+        `events_after`): every row after it that will ever be committed sorts after it."""
+        if self.postgres:
+            query = text(
+                "SELECT coalesce(txid, 0) AS txid, id FROM outbox"
+                " WHERE coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+                " ORDER BY coalesce(txid, 0) DESC, id DESC LIMIT 1"
+            )
+        else:
+            query = text("SELECT 0 AS txid, id FROM outbox ORDER BY id DESC LIMIT 1")
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return (int(row.txid), int(row.id)) if row else (0, 0)
 
     async def events_after(self, cursor: tuple[int, int], limit: int = 200) -> Sequence[Any]:
         """The next committed events after `cursor` = (txid, id), in that order.

@@ -24,9 +24,13 @@ class GatewaySettings(Settings):
     gateway_decision_wait_seconds: float = 5.0
     # The largest request body accepted (413 beyond).
     gateway_max_body_bytes: int = 64 * 1024
-    # The event stream: how often it looks for newly committed events, and how often it
-    # sends a comment line when there are none (so proxies keep it open).
+    # The event stream and decisions waiting for their verdicts: on PostgreSQL the gateway
+    # wakes on the ledger's NOTIFY of each commit, and besides looks every
+    # `gateway_poll_seconds` for a while after anything happened, then every
+    # `gateway_idle_poll_seconds` (SQLite has no NOTIFY: every `gateway_poll_seconds`).
+    # And how often a stream sends a comment line when there is nothing (so proxies keep it open).
     gateway_poll_seconds: float = 0.2
+    gateway_idle_poll_seconds: float = 2.0
     gateway_heartbeat_seconds: float = 15.0
     # Addresses of reverse proxies whose X-Forwarded-For is believed (comma-separated);
     # empty: none, the peer's address is the client's (the login limit counts per address).
