@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import json
 import logging
 import sys
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -229,7 +230,7 @@ async def caller(request: Request) -> Caller:
     gateway = gateway_of(request)
     token = bearer(request.headers.get("authorization"))
     if token is not None:
-        return program_caller(request, gateway, token)
+        return await checked_program_caller(request, gateway, token)
     login = gateway.sessions.read(request.cookies.get(COOKIE))
     if login is None:
         raise Problem(401, "unauthenticated", "Log in first", "No valid session: POST /v1/login.")
@@ -253,12 +254,30 @@ async def changing(request: Request, who: Annotated[Caller, Depends(caller)]) ->
     return who
 
 
+async def checked_program_caller(request: Request, gateway: Gateway, token: str) -> Caller:
+    """A bearer request, within the limit on failed tokens per client address (in Redis,
+    across replicas): past it, refused before the token is even looked at."""
+    settings = gateway.settings
+    key = "bearer:" + address_key(request.client.host if request.client else "unknown")
+    wait = await gateway.state.limited(key, settings.gateway_token_failures_per_address)
+    if wait:
+        problem = Problem(429, "too-many-token-failures", "Too many failed tokens", f"Try again in {wait:.0f} s.")
+        problem.extra["retry_after"] = max(1, int(wait))
+        raise problem
+    try:
+        return program_caller(request, gateway, token)
+    except Problem as problem:
+        if problem.status == 401:
+            await gateway.state.failed(key, settings.gateway_login_window_seconds)
+        raise
+
+
 def program_caller(request: Request, gateway: Gateway, token: str) -> Caller:
     """A program with an API token: known (by the token's hash) and not revoked, and the
     route within its scopes (403 otherwise). The token itself is never logged."""
     program = gateway.tokens.find(token) if gateway.tokens is not None else None
     if program is None:
-        raise Problem(401, "unauthenticated", "Unknown or revoked token", "Send a valid API token.")
+        raise Problem(401, "unauthenticated", "Unknown, revoked or expired token", "Send a valid API token.")
     route = request.scope.get("route")
     open_to_tokens, needed = scope_needed(request.method, getattr(route, "path", ""))
     if not open_to_tokens or (needed is not None and needed not in program.scopes):
@@ -409,6 +428,32 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
     async def metrics(request: Request) -> Response:
         await gateway_of(request).ready()
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def home(request: Request) -> HTMLResponse:
+        """The page a browser lands on after logging in with OpenID Connect (or any time):
+        who is logged in, or a link to log in. No script, nothing it could be framed for."""
+        gateway = gateway_of(request)
+        login = gateway.sessions.read(request.cookies.get(COOKIE))
+        if login is not None and (
+            login.principal not in gateway.users.current().users or await gateway.state.ended(login)
+        ):
+            login = None
+        if login is not None:
+            body = f"<p>Logged in to Signoff as <b>{html.escape(login.principal)}</b>.</p>"
+        else:
+            body = "<p>Not logged in.</p>" + (
+                '<p><a href="/v1/login/oidc">Log in</a></p>' if gateway.oidc is not None else ""
+            )
+        page = f'<!doctype html><html lang="en"><meta charset="utf-8"><title>Signoff</title>{body}</html>\n'
+        return HTMLResponse(
+            page,
+            headers={
+                "Cache-Control": "no-store",
+                "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
 
     # --- logins --------------------------------------------------------------------------
 

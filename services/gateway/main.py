@@ -109,6 +109,7 @@ async def run(settings: Settings) -> None:
             app,
             host=config.gateway_host,
             port=config.gateway_port,
+            http=config.gateway_http,
             log_config=None,
             access_log=False,
             proxy_headers=bool(forwarded),
