@@ -88,10 +88,8 @@ async def stream(gateway, user: User, last_event_id: str | None, since: str | No
             while True:
                 rows = watch.rows_after(cursor)
                 if rows is None:  # behind what the process's tail keeps: read the ledger
-                    rows = [
-                        Row(int(r.txid), int(r.id), r.session_id, r.message_type, r.body)
-                        for r in await gateway.ledger.events_after(cursor)
-                    ]
+                    found = await gateway.ledger.events_after(cursor)
+                    rows = [Row(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in found]
                 for row in rows:
                     cursor = row.cursor
                     body = row.loaded()

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reads import STREAMED, Ledger
+from .reads import EVENTS_AFTER_SQL, STREAMED, Ledger
 
 log = logging.getLogger("signoff.gateway")
 
@@ -46,16 +46,10 @@ KEPT = 5000
 WARM_SECONDS = 2.0
 VERDICTS = ("response.accepted", "response.rejected")
 
-# PostgreSQL: the watcher's two reads as plain statements on its own LISTEN connection
+# PostgreSQL: the watcher's reads as plain statements on its own LISTEN connection
 # (asyncpg prepares each once), not through SQLAlchemy: compiling, caching and row
 # processing were much of each read's CPU (make bench, the gateway level's profile).
-# The same rows and order as `Ledger.events_after` and `Ledger.verdicts`.
-TAIL_SQL = (
-    "SELECT coalesce(txid, 0) AS txid, id, session_id, message_type, body FROM outbox"
-    " WHERE message_type = any($3::text[]) AND (coalesce(txid, 0), id) > ($1::bigint, $2::bigint)"
-    " AND coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-    " ORDER BY coalesce(txid, 0), id LIMIT 200"
-)
+# The tail's is `Ledger.events_after`'s own statement; the verdicts' as `Ledger.verdicts`.
 VERDICT_SQL = (
     "SELECT session_id, message_id, kind, subject, actor, detail FROM audit_log"
     " WHERE session_id = any($1::text[]) AND message_id = any($2::text[]) AND kind = any($3::text[])"
@@ -263,8 +257,8 @@ class LedgerWatch:
         raw = self._raw
         if raw is None:
             found = await self.ledger.events_after(cursor)
-            return [Row(int(r.txid), int(r.id), r.session_id, r.message_type, r.body) for r in found]
-        found = await raw.fetch(TAIL_SQL, cursor[0], cursor[1], STREAMED)
+        else:
+            found = await raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, 200)
         return [Row(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in found]
 
     async def _verdicts(self, waiting: list[tuple[str, str]]) -> Any:
