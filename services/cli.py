@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     token_create.add_argument(
         "--scope", required=True, help="comma-separated: sessions:start, requests:read, requests:decide"
     )
+    token_create.add_argument(
+        "--expires",
+        help="when it stops working: a lifetime (90m, 12h, 30d) or an ISO time with its zone; default: until revoked",
+    )
     token_revoke = token_commands.add_parser("revoke", help="revoke a token (at once, on every gateway)")
     token_revoke.add_argument("name")
     token_commands.add_parser("list", help="the tokens' names and scopes (never the tokens)")
@@ -230,7 +234,8 @@ def token_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.token_command == "revoke":
         done = programs.revoke(settings.keys_path, path, args.name)
     else:
-        token, done = programs.create(settings.keys_path, path, args.name, programs.parse_scopes(args.scope))
+        scopes, expires_at = programs.parse_scopes(args.scope), programs.parse_expiry(args.expires)
+        token, done = programs.create(settings.keys_path, path, args.name, scopes, expires_at)
         print(f"token for {args.name}: {token}  (shown once; send it as Authorization: Bearer …)")
     for line in done:
         print(f"signoff token: {line}")

@@ -303,8 +303,9 @@ async def remove_broker_identities(settings: Settings, channels: list[str]) -> N
 REDIS_COMMANDS = {
     "tool-executor": ("+set", "+get", "+del", "+pexpire", "+eval", "+ping"),
     # The gateway's login attempts (counted per user and per address, so the limit holds
-    # across its replicas) and its ended sessions: counters with an expiry, and flags.
-    "gateway": ("+incr", "+incrby", "+decr", "+decrby", "+pexpire", "+pttl", "+set", "+exists", "+ping"),
+    # across its replicas), failed API tokens per address (read before a token is looked
+    # at) and its ended sessions: counters with an expiry, and flags.
+    "gateway": ("+incr", "+incrby", "+decr", "+decrby", "+pexpire", "+pttl", "+get", "+set", "+exists", "+ping"),
 }
 # Each user's keys: `<namespace>:lease:*` (the executor's leases), `<namespace>:gateway:*`.
 REDIS_KEYS = {"tool-executor": "lease", "gateway": "gateway"}

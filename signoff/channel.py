@@ -14,6 +14,8 @@ assert) and has a broker user of its own, `<ns>.channel.<name>`. The adapter
 - answers with a `RespondToApproval` that has fresh ids (a response id is used once),
   the card's digest (the ledger refuses an approval of other arguments), and an
   Ed25519 signature over its signed part with the channel's own key (RFC 8785 JSON);
+- or redeems the card's one-time response token (`respond_with_token`: a link or button
+  clicked by someone the channel did not authenticate; recorded as `token:<channel>`);
 - publishes it to `<ns>.channels` with the AMQP `user_id` of its connection, which
   RabbitMQ checks: the ledger knows which channel sent it and whether that channel
   may assert the responder.
@@ -37,6 +39,9 @@ from yarl import URL
 from shared.messages import EVENT, ApprovalEscalated, ApprovalRequested, Envelope, RespondToApproval, encode
 from shared.signatures import load_private_key, sign
 
+# Who a token response is recorded as: the channel that received the click, never a person
+# (services/approval_ledger/domain.py `token_responder`; the contract, not an import of a service).
+TOKEN_RESPONDER_PREFIX = "token:"
 # A card a person may answer: a new request, or one announced again to its escalation group.
 CardEvent = ApprovalRequested | ApprovalEscalated
 
@@ -132,6 +137,35 @@ class ChannelAdapter:
         )
         return unsigned.model_copy(update={"signature": sign(self.key, unsigned.signed_part())})
 
+    def token_response(
+        self,
+        card: CardEvent,
+        decision: Literal["approve", "deny"],
+        *,
+        reason: str = "",
+        message: str = "",
+    ) -> RespondToApproval:
+        """A signed response that redeems the card's one-time `response_token` (a link or
+        button clicked in this channel, by someone it did not authenticate): it names no
+        person, so the responder is `token:<channel>` (the ledger accepts no other), it
+        counts for that request only and once, and it cannot approve a tool that needs
+        known people (`anonymous_approval`). Only a new request's card carries a token."""
+        token = getattr(card, "response_token", None)
+        if not token:
+            raise ValueError(f"the card of {card.request_id} carries no response token (only approval.requested does)")
+        unsigned = RespondToApproval(
+            session_id=card.session_id,
+            request_id=card.request_id,
+            decision=decision,
+            args_digest=card.args_digest,
+            responder=TOKEN_RESPONDER_PREFIX + self.channel,
+            reason=reason,
+            message=message,
+            key_id=self.channel,
+            response_token=token,
+        )
+        return unsigned.model_copy(update={"signature": sign(self.key, unsigned.signed_part())})
+
     async def publish(self, message: Envelope) -> None:
         """Publish a message to the channels' exchange, persistently, as this adapter's
         broker user, and wait for RabbitMQ's confirm."""
@@ -160,6 +194,19 @@ class ChannelAdapter:
         """Sign and publish a response; answers what was sent (its `response_id` names it
         in the ledger's `approval.decided` or `message.rejected`)."""
         response = self.response(card, decision, responder, reason=reason, message=message)
+        await self.publish(response)
+        return response
+
+    async def respond_with_token(
+        self,
+        card: CardEvent,
+        decision: Literal["approve", "deny"],
+        *,
+        reason: str = "",
+        message: str = "",
+    ) -> RespondToApproval:
+        """Sign and publish a response that redeems the card's one-time token (`token_response`)."""
+        response = self.token_response(card, decision, reason=reason, message=message)
         await self.publish(response)
         return response
 

@@ -223,12 +223,16 @@ class EventParser:
 
     def __init__(self) -> None:
         self.id: str | None = None
+        # The id of the last block ended, with or without data (`since=now` begins with an
+        # id alone): where a reconnect resumes.
+        self.last_id: str | None = None
         self.type = "message"
         self.data: list[str] = []
 
     def feed(self, line: str) -> Event | None:
         if line == "":
             event = None
+            self.last_id = self.id
             if self.data and self.id is not None:
                 event = Event(id=self.id, type=self.type, data=json.loads("\n".join(self.data)))
             self.type, self.data = "message", []
@@ -415,20 +419,23 @@ class Client:
 
     def events(self, since: str | None = None, *, until: float | None = None) -> Iterator[Event]:
         """Every event the caller may see, after the event id `since` (from the start when
-        None), for ever (or until the monotonic time `until`); reconnects by itself and
-        resumes after the last event yielded."""
+        None; `"now"`: only what is committed from now on), for ever (or until the
+        monotonic time `until`); reconnects by itself and resumes after the last event
+        yielded."""
         last = since
         backoff = Backoff(0.1, 5.0)
         parser = EventParser()
         while until is None or time.monotonic() < until:
             headers = {"Accept": "text/event-stream"}
-            if last is not None:
+            if last is not None and last != "now":
                 headers["Last-Event-ID"] = last
             call = Call("GET", "/v1/events", headers=headers)
+            params = {"since": "now"} if last == "now" else None
             try:
                 with self._http.stream(
                     "GET",
                     call.path,
+                    params=params,
                     headers=self._login_headers(call),
                     timeout=_read_until(self._stream_timeout, until),
                 ) as answer:
@@ -443,8 +450,9 @@ class Client:
                         parser = EventParser()
                         for line in answer.iter_lines():
                             event = parser.feed(line)
+                            if line == "" and parser.last_id is not None:
+                                last = parser.last_id
                             if event is not None:
-                                last = event.id
                                 yield event
                             if until is not None and time.monotonic() >= until:
                                 return
@@ -615,13 +623,15 @@ class AsyncClient:
         backoff = Backoff(0.1, 5.0)
         while until is None or time.monotonic() < until:
             headers = {"Accept": "text/event-stream"}
-            if last is not None:
+            if last is not None and last != "now":
                 headers["Last-Event-ID"] = last
             call = Call("GET", "/v1/events", headers=headers)
+            params = {"since": "now"} if last == "now" else None
             try:
                 async with self._http.stream(
                     "GET",
                     call.path,
+                    params=params,
                     headers=await self._login_headers(call),
                     timeout=_read_until(self._stream_timeout, until),
                 ) as answer:
@@ -636,8 +646,9 @@ class AsyncClient:
                         parser = EventParser()
                         async for line in answer.aiter_lines():
                             event = parser.feed(line)
+                            if line == "" and parser.last_id is not None:
+                                last = parser.last_id
                             if event is not None:
-                                last = event.id
                                 yield event
                             if until is not None and time.monotonic() >= until:
                                 return

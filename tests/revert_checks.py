@@ -637,7 +637,7 @@ MUTATIONS = [
    "        message_id, response_id = mint(\"msg\"), mint(\"rsp\")\n",
    "tests/integration/test_gateway.py::test_the_same_idempotency_key_twice_and_two_keys_racing_make_one_decision_and_one_run"),
   ("gateway: the event stream serves rows of transactions still open below it (PostgreSQL)", "services/gateway/reads.py",
-   "                func.coalesce(OutboxRow.txid, 0) < horizon,\n",
+   "    \" AND coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint\"\n",
    "",
    "tests/integration/test_gateway.py::test_on_postgresql_an_event_committed_late_with_a_smaller_id_is_neither_skipped_nor_served_early"),
   ("the SDK's approval of a card does not name the card's digest", "signoff/client.py",
@@ -670,8 +670,8 @@ MUTATIONS = [
    "    if False:\n",
    "tests/integration/test_gateway_tokens.py::test_a_token_with_sessions_start_starts_a_session_but_without_requests_decide_cannot_approve[sqlite]"),
   ("gateway tokens: the lookup ignores which token was sent (a wrong token accepted)", "services/gateway/programs.py",
-   "        return self._by_hash.get(lookup_hash(token))\n",
-   "        return next(iter(self._by_hash.values()), None)\n",
+   "        program = self._by_hash.get(lookup_hash(token))\n",
+   "        program = next(iter(self._by_hash.values()), None)\n",
    "tests/integration/test_gateway_tokens.py::test_a_revoked_or_wrong_token_gets_401_and_no_token_appears_in_the_logs[sqlite]"),
   ("gateway tokens: the tokens file never read again (a revoked token accepted)", "services/gateway/programs.py",
    "        if stamp != self._stamp:\n            self._by_hash",
@@ -762,6 +762,21 @@ MUTATIONS = [
    "    if False:\n",
    "tests/unit/test_ledger_approval_rules.py::test_an_edit_sent_with_the_digest_of_other_arguments_is_refused_and_nothing_runs "
    "tests/integration/test_gateway_approval_rules.py::test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_arguments_is_refused_and_nothing_runs[sqlite]"),
+  # gwperf: token expiry, the limit on failed bearer tokens, the OIDC login's next page.
+  ("gateway tokens: an expired token still accepted", "services/gateway/programs.py",
+   "        if program is not None and program.expires_at is not None and program.expires_at <= (now or time.time()):\n",
+   "        if False:\n",
+   "tests/integration/test_gateway_tokens.py::test_an_expired_token_gets_401_and_sends_nothing[sqlite]"),
+  ("gateway tokens: failed bearer tokens never limited", "services/gateway/app.py",
+   "    wait = await gateway.state.limited(key, settings.gateway_token_failures_per_address)\n",
+   "    wait = 0.0\n",
+   "tests/integration/test_gateway_tokens.py::"
+   "test_failed_tokens_from_one_address_are_limited_across_two_replicas_a_right_token_included[sqlite]"),
+  ("gateway OIDC: the page after login may be another site (//host)", "services/gateway/oidc.py",
+   "        or path.startswith((\"//\", \"/\\\\\"))\n",
+   "",
+   "tests/integration/test_gateway_oidc.py::"
+   "test_an_oidc_login_sends_the_browser_on_to_a_page_of_this_gateway_and_never_to_another_site[sqlite-//evil.example/x]"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

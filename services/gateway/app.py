@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import json
 import logging
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -218,6 +218,8 @@ class Gateway:
     # API tokens for programs (programs.py); OpenID Connect logins (oidc.py), when configured.
     tokens: LiveTokens | None = None
     oidc: Any = None
+    # The process's one watcher of the ledger: the outbox tail and the verdicts waited on (watch.py).
+    watch: Any = None
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -238,7 +240,7 @@ async def caller(request: Request) -> Caller:
     gateway = gateway_of(request)
     token = bearer(request.headers.get("authorization"))
     if token is not None:
-        return program_caller(request, gateway, token)
+        return await checked_program_caller(request, gateway, token)
     login = gateway.sessions.read(request.cookies.get(COOKIE))
     if login is None:
         raise Problem(401, "unauthenticated", "Log in first", "No valid session: POST /v1/login.")
@@ -262,12 +264,30 @@ async def changing(request: Request, who: Annotated[Caller, Depends(caller)]) ->
     return who
 
 
+async def checked_program_caller(request: Request, gateway: Gateway, token: str) -> Caller:
+    """A bearer request, within the limit on failed tokens per client address (in Redis,
+    across replicas): past it, refused before the token is even looked at."""
+    settings = gateway.settings
+    key = "bearer:" + address_key(request.client.host if request.client else "unknown")
+    wait = await gateway.state.limited(key, settings.gateway_token_failures_per_address)
+    if wait:
+        problem = Problem(429, "too-many-token-failures", "Too many failed tokens", f"Try again in {wait:.0f} s.")
+        problem.extra["retry_after"] = max(1, int(wait))
+        raise problem
+    try:
+        return program_caller(request, gateway, token)
+    except Problem as problem:
+        if problem.status == 401:
+            await gateway.state.failed(key, settings.gateway_login_window_seconds)
+        raise
+
+
 def program_caller(request: Request, gateway: Gateway, token: str) -> Caller:
     """A program with an API token: known (by the token's hash) and not revoked, and the
     route within its scopes (403 otherwise). The token itself is never logged."""
     program = gateway.tokens.find(token) if gateway.tokens is not None else None
     if program is None:
-        raise Problem(401, "unauthenticated", "Unknown or revoked token", "Send a valid API token.")
+        raise Problem(401, "unauthenticated", "Unknown, revoked or expired token", "Send a valid API token.")
     route = request.scope.get("route")
     open_to_tokens, needed = scope_needed(request.method, getattr(route, "path", ""))
     if not open_to_tokens or (needed is not None and needed not in program.scopes):
@@ -418,6 +438,32 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
     async def metrics(request: Request) -> Response:
         await gateway_of(request).ready()
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def home(request: Request) -> HTMLResponse:
+        """The page a browser lands on after logging in with OpenID Connect (or any time):
+        who is logged in, or a link to log in. No script, nothing it could be framed for."""
+        gateway = gateway_of(request)
+        login = gateway.sessions.read(request.cookies.get(COOKIE))
+        if login is not None and (
+            login.principal not in gateway.users.current().users or await gateway.state.ended(login)
+        ):
+            login = None
+        if login is not None:
+            body = f"<p>Logged in to Signoff as <b>{html.escape(login.principal)}</b>.</p>"
+        else:
+            body = "<p>Not logged in.</p>" + (
+                '<p><a href="/v1/login/oidc">Log in</a></p>' if gateway.oidc is not None else ""
+            )
+        page = f'<!doctype html><html lang="en"><meta charset="utf-8"><title>Signoff</title>{body}</html>\n'
+        return HTMLResponse(
+            page,
+            headers={
+                "Cache-Control": "no-store",
+                "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
 
     # --- logins --------------------------------------------------------------------------
 
@@ -585,8 +631,9 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
                 responder=who.user.name,
                 edited_arguments=body.arguments if body.decision == "approve" else None,
             )
-            await gateway.send(gateway.sign(response))
-            earlier = await wait_for_verdict(gateway, found.session_id, message_id)
+            signed = gateway.sign(response)
+            wait = gateway.settings.gateway_decision_wait_seconds
+            earlier = await gateway.watch.verdict(found.session_id, message_id, wait, lambda: gateway.send(signed))
         if earlier is None:
             return pending(request_id, response_id)
         if earlier.subject != request_id or (earlier.detail or {}).get("decision") != body.decision:
@@ -624,11 +671,17 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         tags=["events"],
     )
     async def events(
-        request: Request, who: Who, last_event_id: Annotated[str | None, Header(max_length=64)] = None
+        request: Request,
+        who: Who,
+        last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+        since: Annotated[Literal["start", "now"], Query()] = "start",
     ) -> Response:
         """Server-Sent Events of every event the caller may see, in the ledger's commit
-        order, each with an id; `Last-Event-ID` resumes right after it, on any replica."""
-        return await stream(gateway_of(request), who.user, last_event_id)
+        order, each with an id; `Last-Event-ID` resumes right after it, on any replica.
+        Without one the stream starts at the ledger's beginning (`since=start`), or with
+        what is committed from now on (`since=now`: its first message is the id to resume
+        from, with no event, so a reconnect before any event misses nothing)."""
+        return await stream(gateway_of(request), who.user, last_event_id, since)
 
     install_oidc_routes(app, sys.modules[__name__])
     install_inbox_routes(app, sys.modules[__name__])
@@ -668,17 +721,6 @@ def not_found(what: str) -> Problem:
 def response_ids(principal: str, key: str) -> tuple[str, str]:
     digest = hashlib.sha256(b"signoff-gateway-response\0" + principal.encode() + b"\0" + key.encode()).hexdigest()
     return f"msg_{digest[:32]}", f"rsp_{digest[:32]}"
-
-
-async def wait_for_verdict(gateway: Gateway, session_id: str, message_id: str):
-    deadline = time.monotonic() + gateway.settings.gateway_decision_wait_seconds
-    pause = 0.02
-    while True:
-        found = await gateway.ledger.verdict(session_id, message_id)
-        if found is not None or time.monotonic() >= deadline:
-            return found
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 0.25)
 
 
 def pending(request_id: str, response_id: str) -> JSONResponse:

@@ -1,4 +1,5 @@
-"""Who is asking: session cookies, CSRF tokens and the login rate limit.
+"""Who is asking: session cookies, CSRF tokens, the login rate limit and the limit on
+failed bearer tokens.
 
 A session is a signed cookie (HMAC-SHA256 with the gateway's session key, shared by
 its replicas): the principal, when it ends, and a random session id. No replica
@@ -112,6 +113,25 @@ class RedisState:
 
     async def give_back(self, key: str) -> None:
         await self.redis.decr(self.prefix + "login:" + key)
+
+    async def limited(self, key: str, limit: int) -> float:
+        """Whether `key` has failed `limit` times in its window: the seconds left of it, or 0."""
+        name = self.prefix + "failed:" + key
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(name)
+        pipe.pttl(name)
+        count, ttl = await pipe.execute()
+        return max(ttl, 1000) / 1000 if count is not None and int(count) >= limit else 0.0
+
+    async def failed(self, key: str, window: float) -> None:
+        """One more failure against `key`; the count expires with its window."""
+        name = self.prefix + "failed:" + key
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.incr(name)
+        pipe.pttl(name)
+        count, ttl = await pipe.execute()
+        if count == 1 or ttl < 0:
+            await self.redis.pexpire(name, int(window * 1000))
 
     async def end(self, login: Login) -> None:
         ttl = max(1, int((login.expires_at - time.time()) * 1000))

@@ -10,8 +10,6 @@ see (`visible`); the cursor moves past the others. Comment lines every
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -19,6 +17,7 @@ from sse_starlette import EventSourceResponse
 from .problems import Problem
 from .reads import _escalated, may_approve
 from .users import User
+from .watch import Row
 
 APPROVAL_EVENTS = ("approval.",)
 
@@ -70,27 +69,34 @@ class Visibility:
         self.sessions = {k: v for k, v in self.sessions.items() if v}
 
 
-def shown(body: dict[str, Any]) -> dict[str, Any]:
-    # The one-time response token is for the channel that shows the card, never for a stream.
-    return {k: v for k, v in body.items() if k != "response_token"}
-
-
-async def stream(gateway, user: User, last_event_id: str | None) -> EventSourceResponse:
+async def stream(gateway, user: User, last_event_id: str | None, since: str | None = None) -> EventSourceResponse:
+    """The stream after `last_event_id`; without one, from the ledger's beginning, or from
+    now (`since=now`: the first thing sent is an id alone, the resume point, so a client
+    that reconnects before any event it may see still resumes exactly there)."""
     cursor = parse_cursor(last_event_id)
+    watch = gateway.watch
+    from_now = not last_event_id and since == "now"
     settings = gateway.settings
     seeing = Visibility(gateway, user)
 
     async def events():
         nonlocal cursor
-        while True:
-            rows = await gateway.ledger.events_after(cursor)
-            for row in rows:
-                cursor = (int(row.txid), int(row.id))
-                body = json.loads(row.body)
-                if await seeing.visible(row.session_id, row.message_type, body):
-                    yield {"id": f"{cursor[0]}.{cursor[1]}", "event": row.message_type, "data": json.dumps(shown(body))}
-            if not rows:
-                seeing.forget_refusals()
-                await asyncio.sleep(settings.gateway_poll_seconds)
+        with watch.stream():
+            if from_now:
+                cursor = await watch.newest()
+                yield {"id": f"{cursor[0]}.{cursor[1]}", "comment": "from now"}
+            while True:
+                rows = watch.rows_after(cursor)
+                if rows is None:  # behind what the process's tail keeps: read the ledger
+                    found = await gateway.ledger.events_after(cursor)
+                    rows = [Row(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in found]
+                for row in rows:
+                    cursor = row.cursor
+                    body = row.loaded()
+                    if await seeing.visible(row.session_id, row.message_type, body):
+                        yield {"id": f"{cursor[0]}.{cursor[1]}", "event": row.message_type, "data": row.shown()}
+                if not rows:
+                    seeing.forget_refusals()
+                    await watch.changed(settings.gateway_heartbeat_seconds)
 
     return EventSourceResponse(events(), ping=settings.gateway_heartbeat_seconds, headers={"Cache-Control": "no-store"})

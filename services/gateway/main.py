@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from shared import keyring
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
+from shared.ledger.database import notify_channel
 from shared.messages import Envelope, RespondToApproval
 from shared.observability import Health
 from shared.runtime import Unreachable, address, configure_logging
@@ -30,6 +31,7 @@ from .programs import LiveTokens, tokens_path
 from .reads import Ledger, read_only_engine
 from .settings import GatewaySettings
 from .users import CHANNEL, LiveUsers
+from .watch import LedgerWatch
 
 log = logging.getLogger("signoff.gateway")
 
@@ -55,6 +57,9 @@ def connections(settings: GatewaySettings):
         redis = Redis.from_url(settings.redis_login("gateway"), socket_timeout=5, socket_connect_timeout=5)
         engine = read_only_engine(settings)
         ledger = Ledger(engine, load_catalogue(settings.tools_file), settings.is_postgres)
+        watch = LedgerWatch(
+            ledger, settings.gateway_poll_seconds, settings.gateway_idle_poll_seconds, notify_channel(settings)
+        )
         health = Health("gateway")
         health.add("broker", lambda: broker.ping(timeout=1.0))
         health.add("database", ledger.reachable)
@@ -78,11 +83,14 @@ def connections(settings: GatewaySettings):
             ready=health.readiness,
             tokens=LiveTokens(tokens_path(settings.users_path)),
             oidc=OpenIDConnect.from_settings(settings),
+            watch=watch,
         )
         await health.start(settings.metrics_host, settings.metrics_port)
+        watch.start()
         try:
             yield
         finally:
+            await watch.stop()
             await health.stop()
             await broker.stop()
             await redis.aclose()
@@ -101,6 +109,7 @@ async def run(settings: Settings) -> None:
             app,
             host=config.gateway_host,
             port=config.gateway_port,
+            http=config.gateway_http,
             log_config=None,
             access_log=False,
             proxy_headers=bool(forwarded),

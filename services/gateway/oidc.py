@@ -33,7 +33,7 @@ import httpx
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from fastapi import Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import RedirectResponse
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
@@ -107,9 +107,9 @@ class OpenIDConnect:
             self._fetched_keys_at = time.monotonic()
         return self._keys
 
-    async def begin(self, signing_key: bytes) -> tuple[str, str]:
+    async def begin(self, signing_key: bytes, next_path: str = "/") -> tuple[str, str]:
         """The issuer's authorization URL, and the signed flow cookie that carries its
-        state, nonce and PKCE verifier to the callback."""
+        state, nonce and PKCE verifier to the callback, and the page to go to after it."""
         state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
         url = prepare_grant_uri(
             (await self.metadata())["authorization_endpoint"],
@@ -122,7 +122,9 @@ class OpenIDConnect:
             code_challenge=create_s256_code_challenge(verifier),
             code_challenge_method="S256",
         )
-        flow = json.dumps({"s": state, "n": nonce, "v": verifier, "e": int(time.time()) + FLOW_SECONDS}).encode()
+        flow = json.dumps(
+            {"s": state, "n": nonce, "v": verifier, "e": int(time.time()) + FLOW_SECONDS, "r": next_path}
+        ).encode()
         mac = hmac.new(signing_key, b"oidc\0" + flow, hashlib.sha256).digest()
         return url, f"{_b64(flow)}.{_b64(mac)}"
 
@@ -195,6 +197,20 @@ def error_text(error: Exception) -> str:
     return str(getattr(error, "description", "") or error)[:200]
 
 
+def page_after_login(next_path: str | None) -> str:
+    """Where the browser goes after the callback: a path on this gateway, never another
+    site (`//host`, `/\\host` and `https://host` are other sites to a browser): else "/"."""
+    path = next_path or "/"
+    if (
+        not path.startswith("/")
+        or path.startswith(("//", "/\\"))
+        or len(path) > 512
+        or any(ord(c) < 0x21 or c == "\\" for c in path)
+    ):
+        return "/"
+    return path
+
+
 def read_flow(signing_key: bytes, cookie: str | None) -> dict[str, Any]:
     if not cookie or cookie.count(".") != 1 or len(cookie) > 2048:
         raise Refused("no login in progress in this browser")
@@ -216,12 +232,13 @@ def install_routes(app: Any, api: Any) -> None:
     `api`: the app module (passed, not imported: it may run as __main__ for the OpenAPI document)."""
     from .auth import COOKIE
 
-    PROBLEMS, Caller, Me, gateway_of, me_of = api.PROBLEMS, api.Caller, api.Me, api.gateway_of, api.me_of
+    PROBLEMS, gateway_of = api.PROBLEMS, api.gateway_of
     from .problems import Problem
 
-    def login_answer(gateway, user, groups: tuple[str, ...]) -> JSONResponse:
-        cookie, session = gateway.sessions.issue(user.name, groups=groups)
-        answer = JSONResponse(me_of(gateway, Caller(session, user)).model_dump())
+    def login_answer(gateway, user, groups: tuple[str, ...], next_path: str) -> RedirectResponse:
+        cookie, _session = gateway.sessions.issue(user.name, groups=groups)
+        # 303: the browser GETs the page; the cookie is set on the way.
+        answer = RedirectResponse(page_after_login(next_path), status_code=303)
         answer.set_cookie(
             COOKIE,
             cookie,
@@ -240,11 +257,12 @@ def install_routes(app: Any, api: Any) -> None:
         return oidc
 
     @app.get("/v1/login/oidc", status_code=302, responses=PROBLEMS, tags=["login"])
-    async def oidc_login(request: Request) -> Any:
+    async def oidc_login(request: Request, next: Annotated[str, Query(alias="next", max_length=512)] = "/") -> Any:
         """Log in with the configured OpenID Connect issuer (authorization code + PKCE):
-        redirects to the issuer, which comes back to the callback."""
+        redirects to the issuer, which comes back to the callback, which sends the browser
+        on to `next` (a path on this gateway; default `/`, a page naming who is logged in)."""
         gateway = gateway_of(request)
-        url, flow = await configured(request).begin(gateway.sessions.key)
+        url, flow = await configured(request).begin(gateway.sessions.key, page_after_login(next))
         answer = RedirectResponse(url, status_code=302)
         # Lax, not Strict: the issuer's redirect back to the callback is a cross-site navigation.
         answer.set_cookie(
@@ -252,14 +270,21 @@ def install_routes(app: Any, api: Any) -> None:
         )
         return answer
 
-    @app.get("/v1/login/oidc/callback", response_model=Me, responses=PROBLEMS, tags=["login"])
+    @app.get(
+        "/v1/login/oidc/callback",
+        status_code=303,
+        response_class=RedirectResponse,
+        responses={**PROBLEMS, 303: {"description": "Logged in: the session cookie, and on to the page"}},
+        tags=["login"],
+    )
     async def oidc_callback(
         request: Request,
         code: Annotated[str, Query(min_length=1, max_length=4096)],
         state: Annotated[str, Query(min_length=1, max_length=512)],
     ) -> Any:
         """Where the issuer sends the browser back: the code exchanged, the ID token
-        verified, the person in the principal claim logged in (a session cookie)."""
+        verified, the person in the principal claim logged in (a session cookie), and the
+        browser sent on (303) to the page it started from (`next`), not shown JSON."""
         gateway = gateway_of(request)
         oidc = configured(request)
         try:
@@ -271,7 +296,8 @@ def install_routes(app: Any, api: Any) -> None:
         except Refused as refused:
             log.info("OpenID Connect login refused: %s", refused)
             raise Problem(401, "oidc-refused", "OpenID Connect login refused", str(refused)) from None
-        answer = login_answer(gateway, user, oidc.groups(claims))
+        next_path = read_flow(gateway.sessions.key, request.cookies.get(FLOW_COOKIE)).get("r", "/")
+        answer = login_answer(gateway, user, oidc.groups(claims), next_path)
         answer.delete_cookie(FLOW_COOKIE, path="/v1/login/oidc", secure=True, httponly=True, samesite="lax")
         log.info("%s logged in through OpenID Connect", user.name)
         return answer

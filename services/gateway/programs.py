@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .tokenstore import PREFIX, Program, Tokens, lookup_hash, principal_of, principals, tokens_path
@@ -63,21 +64,47 @@ def parse_scopes(text: str) -> frozenset[str]:
     return scopes
 
 
-def create(keys_dir: Path, users_path: Path, name: str, scopes: frozenset[str]) -> tuple[str, list[str]]:
+DURATION = re.compile(r"^([1-9][0-9]{0,5})([smhd])$")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_expiry(text: str | None, now: float | None = None) -> float | None:
+    """`--expires`: a lifetime (`90m`, `12h`, `30d`) or an ISO 8601 time with its zone; None: never."""
+    if not text:
+        return None
+    now = time.time() if now is None else now
+    if found := DURATION.fullmatch(text.strip()):
+        return now + int(found[1]) * UNIT_SECONDS[found[2]]
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None or when.timestamp() <= now:
+        raise SystemExit(
+            f"signoff token: --expires {text!r} is neither a lifetime (90m, 12h, 30d) "
+            "nor a future time with its zone (2027-01-31T18:00:00+00:00)"
+        )
+    return when.timestamp()
+
+
+def create(
+    keys_dir: Path, users_path: Path, name: str, scopes: frozenset[str], expires_at: float | None = None
+) -> tuple[str, list[str]]:
     """A new token for `name` (replacing its old one, which stops working): the token, shown
-    once, and what was done."""
+    once, and what was done. `expires_at`: when it stops working (None: until revoked)."""
     if not NAME.fullmatch(name):
         raise SystemExit(f"signoff token: {name!r} is no valid name (letters, digits, . _ -; at most 64)")
     path = tokens_path(users_path)
     tokens = Tokens.load(path)
     replaced = name in tokens.programs
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    tokens.programs[name] = Program(name, lookup_hash(token), scopes, time.time())
+    tokens.programs[name] = Program(name, lookup_hash(token), scopes, time.time(), expires_at)
     tokens.save()
     done = [
         f"token {name} "
         + ("replaced (the old one stops working)" if replaced else "created")
         + f", speaks as {principal_of(name)}, scopes {', '.join(sorted(scopes))}"
+        + ("" if expires_at is None else f", expires {_shown_time(expires_at)}")
     ]
     return token, done + register_channel(keys_dir, users_path)
 
@@ -94,8 +121,13 @@ def revoke(keys_dir: Path, users_path: Path, name: str) -> list[str]:
 def listing(users_path: Path) -> list[str]:
     return [
         f"{p.name}  ({p.principal})  scopes: {', '.join(sorted(p.scopes))}"
+        + ("" if p.expires_at is None else f"  expires {_shown_time(p.expires_at)}")
         for p in Tokens.load(tokens_path(users_path)).programs.values()
     ]
+
+
+def _shown_time(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
 class LiveTokens:
@@ -107,7 +139,8 @@ class LiveTokens:
         self._stamp: tuple[int, int, int] | None = None
         self._by_hash: dict[str, Program] = {}
 
-    def find(self, token: str) -> Program | None:
+    def find(self, token: str, now: float | None = None) -> Program | None:
+        """The program a token is, while it is known, not revoked and not expired."""
         try:
             stat = self.path.stat()
             stamp: tuple[int, int, int] | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -120,7 +153,10 @@ class LiveTokens:
             return None
         # A dict lookup by the token's hash: what a timing difference could reveal is about
         # the hash, which tells nothing of any token.
-        return self._by_hash.get(lookup_hash(token))
+        program = self._by_hash.get(lookup_hash(token))
+        if program is not None and program.expires_at is not None and program.expires_at <= (now or time.time()):
+            return None
+        return program
 
 
 def bearer(header: str | None) -> str | None:

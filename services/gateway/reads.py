@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, func, literal_column, select, text, tuple_
+from sqlalchemy import event, func, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from shared.catalogue import ToolCatalogue
@@ -30,6 +30,14 @@ from .users import User
 
 # The events a caller may be streamed (the outbox also holds commands: never those).
 STREAMED = sorted(EVENT_TYPES)
+# PostgreSQL: the committed events after a cursor ($1, $2) = (txid, id), in that order,
+# only of transactions below the oldest still running (see `Ledger.events_after`).
+EVENTS_AFTER_SQL = (
+    "SELECT coalesce(txid, 0) AS txid, id, session_id, message_type, body FROM outbox"
+    " WHERE message_type = any($3::text[]) AND (coalesce(txid, 0), id) > ($1::bigint, $2::bigint)"
+    " AND coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+    " ORDER BY coalesce(txid, 0), id LIMIT $4"
+)
 
 
 def read_only_engine(settings: GatewaySettings) -> AsyncEngine:
@@ -237,7 +245,33 @@ class Ledger:
                 )
             )
 
+    async def verdicts(self, waiting: Sequence[tuple[str, str]]) -> Sequence[AuditEntry]:
+        """The verdicts committed so far on any of these (session id, message id): one
+        query for every decision a gateway process is waiting on (watch.py)."""
+        query = select(AuditEntry).where(
+            AuditEntry.session_id.in_({s for s, _ in waiting}),
+            AuditEntry.message_id.in_({m for _, m in waiting}),
+            AuditEntry.kind.in_(("response.accepted", "response.rejected")),
+        )
+        async with self.sessions() as db:
+            return list(await db.scalars(query))
+
     # --- events -------------------------------------------------------------------
+
+    async def newest_event(self) -> tuple[int, int]:
+        """The cursor of "now": the newest outbox row (any type) below the horizon (see
+        `events_after`): every row after it that will ever be committed sorts after it."""
+        if self.postgres:
+            query = text(
+                "SELECT coalesce(txid, 0) AS txid, id FROM outbox"
+                " WHERE coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+                " ORDER BY coalesce(txid, 0) DESC, id DESC LIMIT 1"
+            )
+        else:
+            query = text("SELECT 0 AS txid, id FROM outbox ORDER BY id DESC LIMIT 1")
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return (int(row.txid), int(row.id)) if row else (0, 0)
 
     async def events_after(self, cursor: tuple[int, int], limit: int = 200) -> Sequence[Any]:
         """The next committed events after `cursor` = (txid, id), in that order.
@@ -250,18 +284,23 @@ class Ledger:
         every transaction there has ended, so no row can later appear before the
         cursor. SQLite has one writer at a time, whose ids are handed out and committed
         in one order: (0, id)."""
-        txid = func.coalesce(OutboxRow.txid, 0) if self.postgres else literal_column("0")
-        query = select(
-            txid.label("txid"), OutboxRow.id, OutboxRow.session_id, OutboxRow.message_type, OutboxRow.body
-        ).where(OutboxRow.message_type.in_(STREAMED))
         if self.postgres:
-            horizon = text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            query = query.where(
-                tuple_(func.coalesce(OutboxRow.txid, 0), OutboxRow.id) > tuple_(cursor[0], cursor[1]),
-                func.coalesce(OutboxRow.txid, 0) < horizon,
-            ).order_by(func.coalesce(OutboxRow.txid, 0), OutboxRow.id)
-        else:
-            query = query.where(OutboxRow.id > cursor[1]).order_by(OutboxRow.id)
+            # Plain SQL on the driver (asyncpg prepares it once): the watcher runs it on
+            # its own connection too (watch.py), so both read exactly these rows.
+            async with self.engine.connect() as conn:
+                raw: Any = (await conn.get_raw_connection()).driver_connection
+                return await raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit)
+        query: Any = (
+            select(
+                literal_column("0").label("txid"),
+                OutboxRow.id,
+                OutboxRow.session_id,
+                OutboxRow.message_type,
+                OutboxRow.body,
+            )
+            .where(OutboxRow.message_type.in_(STREAMED), OutboxRow.id > cursor[1])
+            .order_by(OutboxRow.id)
+        )
         async with self.engine.connect() as conn:
             return (await conn.execute(query.limit(limit))).all()
 

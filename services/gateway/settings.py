@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from shared.settings import Settings
 
 
 class GatewaySettings(Settings):
     gateway_host: str = "127.0.0.1"
+    # uvicorn's HTTP parser: httptools (C, a dependency) or h11 (pure Python); auto: httptools where installed.
+    gateway_http: Literal["auto", "httptools", "h11"] = "auto"
     gateway_port: int = 8080
     # The users file (`signoff user add`); empty: <keys dir>/gateway/users.yaml.
     gateway_users_file: Path | None = None
@@ -20,13 +23,21 @@ class GatewaySettings(Settings):
     gateway_login_attempts_per_user: int = 5
     gateway_login_attempts_per_address: int = 20
     gateway_login_window_seconds: float = 300.0
+    # Requests with an unknown, revoked or expired API token allowed per client address in
+    # that window, before every bearer request from it is refused (429) until the window
+    # ends, a right token included (so guessing stops). Counted in Redis, across replicas.
+    gateway_token_failures_per_address: int = 20
     # How long a decision waits for the ledger's verdict before answering 202 and a link to poll.
     gateway_decision_wait_seconds: float = 5.0
     # The largest request body accepted (413 beyond).
     gateway_max_body_bytes: int = 64 * 1024
-    # The event stream: how often it looks for newly committed events, and how often it
-    # sends a comment line when there are none (so proxies keep it open).
+    # The event stream and decisions waiting for their verdicts: on PostgreSQL the gateway
+    # wakes on the ledger's NOTIFY of each commit, and besides looks every
+    # `gateway_poll_seconds` for a while after anything happened, then every
+    # `gateway_idle_poll_seconds` (SQLite has no NOTIFY: every `gateway_poll_seconds`).
+    # And how often a stream sends a comment line when there is nothing (so proxies keep it open).
     gateway_poll_seconds: float = 0.2
+    gateway_idle_poll_seconds: float = 2.0
     gateway_heartbeat_seconds: float = 15.0
     # Addresses of reverse proxies whose X-Forwarded-For is believed (comma-separated);
     # empty: none, the peer's address is the client's (the login limit counts per address).

@@ -30,6 +30,8 @@ class Program:
     token_hash: str
     scopes: frozenset[str]
     created_at: float = 0.0
+    # When it stops working (`signoff token create --expires`); None: until revoked.
+    expires_at: float | None = None
 
     @property
     def principal(self) -> str:
@@ -45,7 +47,13 @@ class Tokens:
     def load(cls, path: Path) -> Tokens:
         data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
         programs = {
-            name: Program(name, entry["hash"], frozenset(entry.get("scopes") or ()), float(entry.get("created_at", 0)))
+            name: Program(
+                name,
+                entry["hash"],
+                frozenset(entry.get("scopes") or ()),
+                float(entry.get("created_at", 0)),
+                None if entry.get("expires_at") is None else float(entry["expires_at"]),
+            )
             for name, entry in (data.get("tokens") or {}).items()
         }
         return cls(path, programs)
@@ -54,6 +62,7 @@ class Tokens:
         data = {
             "tokens": {
                 p.name: {"hash": p.token_hash, "scopes": sorted(p.scopes), "created_at": p.created_at}
+                | ({} if p.expires_at is None else {"expires_at": p.expires_at})
                 for p in self.programs.values()
             }
         }

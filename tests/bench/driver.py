@@ -104,7 +104,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     data_dir = PROJECT_ROOT / "data" / "bench" / f"run-{stamp}"
     deployment = Deployment(store="postgres", data_dir=data_dir,
-                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type, "SIGNOFF_LOG_LEVELS": args.log_levels})
+                            extra_env={"SIGNOFF_QUEUE_TYPE": args.queue_type, "SIGNOFF_LOG_LEVELS": args.log_levels,
+                                       **dict(args.service_env)})
     data_dir.mkdir(parents=True, exist_ok=True)
     if args.gateway_levels:
         add_user(deployment)  # the gateway's login for its level, before its channel is registered
@@ -119,6 +120,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                      "recovery_sessions": args.recovery_sessions, "floor_seconds": args.floor_seconds,
                      "queue_type": args.queue_type, "log_levels": args.log_levels,
                      "gateway_levels": args.gateway_levels, "gateway_runs": args.gateway_runs,
+                     "service_env": dict(args.service_env),
                      "namespace": deployment.namespace},
         "levels": [],
         "failures": [],
@@ -228,6 +230,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-levels", default="",
                         help="the services' SIGNOFF_LOG_LEVELS, e.g. signoff.ledger=WARNING,signoff.model_step=WARNING "
                              "for an A/B of the INFO line per ledger transition and per model step")
+    parser.add_argument("--service-env", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
+                        metavar="SIGNOFF_X=VALUE",
+                        help="an environment variable for every service, for an A/B of a setting "
+                             "(e.g. SIGNOFF_GATEWAY_HTTP=h11); repeatable")
     args = parser.parse_args(argv)
     if args.quick:
         args.levels, args.seconds, args.recovery_tries, args.sqlite_levels = "1,4", 3.0, 1, "4"

@@ -275,13 +275,13 @@ async def test_malformed_requests_each_get_a_problem_document_and_change_nothing
 
 
 async def read_events(client: GatewayClient, seen: list, last_event_id: str | None = None,
-                      until=lambda seen: False) -> None:
+                      until=lambda seen: False, params: dict | None = None) -> None:
     """Read the event stream into `seen` as (id, type, data) until `until(seen)` or the stream breaks."""
     headers = client.headers(csrf=False)
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
     fields: dict[str, str] = {}
-    async with client.http.stream("GET", "/v1/events", headers=headers, timeout=None) as answer:
+    async with client.http.stream("GET", "/v1/events", headers=headers, params=params, timeout=None) as answer:
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
         async for line in answer.aiter_lines():
             if line.startswith(":"):
@@ -340,6 +340,40 @@ async def test_the_event_stream_resumes_on_another_replica_after_a_sigkill_with_
     assert ids == record[: len(ids)], "the stream skipped or reordered events the ledger committed"
     assert all("response_token" not in data for _, _, data in seen)
     assert sink.counts["/reviewed"] == 4
+
+
+def _key(event_id: str) -> tuple[int, int]:
+    txid, row = event_id.split(".")
+    return int(txid), int(row)
+
+
+async def test_a_stream_from_now_replays_nothing_and_its_first_id_resumes_with_no_gap(gateway, sink):
+    async with GatewayClient(url(gateway)) as ann, GatewayClient(url(gateway)) as alice:
+        await ann.login("ann")  # an operator: every event
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        history = await committed_event_ids(gateway)
+        assert history, "events before the stream opens"
+        # From the beginning (no Last-Event-ID, no since): the history first.
+        seen: list = []
+        await asyncio.wait_for(read_events(ann, seen, until=lambda seen: len(seen) >= 1), 30)
+        assert seen[0][0] == history[0]
+        # From now: the first block is an id alone, after every event committed so far.
+        seen = []
+        await asyncio.wait_for(read_events(ann, seen, until=lambda seen: len(seen) >= 1, params={"since": "now"}), 30)
+        [(now_id, kind, data)] = seen
+        assert (kind, data) == (None, None)
+        assert all(_key(event_id) <= _key(now_id) for event_id in history)
+        # Closed before any event; what is committed meanwhile comes after that id, none missed.
+        decided = await alice.decide(card["id"])
+        assert decided.status_code == 200, decided.text
+        ended = lambda seen: any(k == "turn.completed" and d["session_id"] == card["session_id"]  # noqa: E731
+                                 for _, k, d in seen)
+        seen = []
+        await asyncio.wait_for(read_events(ann, seen, now_id, until=ended), 60)
+    record = await committed_event_ids(gateway)
+    assert [event_id for event_id, _, _ in seen] == [i for i in record if _key(i) > _key(now_id)][: len(seen)]
+    assert [event_id for event_id, _, _ in seen][0] not in history
 
 
 async def test_login_attempts_are_limited_per_user_across_two_replicas(gateway):

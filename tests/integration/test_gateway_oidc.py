@@ -53,10 +53,11 @@ def set_cookie(answer: httpx.Response, name: str) -> str | None:
     return None
 
 
-async def oidc_login(gateway_url: str, state: str | None = None) -> httpx.Response:
+async def oidc_login(gateway_url: str, state: str | None = None, next_path: str | None = None) -> httpx.Response:
     """A browser's walk: the gateway sends it to the issuer, the issuer back with a code."""
     async with httpx.AsyncClient(timeout=30, follow_redirects=False) as browser:
-        begun = await browser.get(gateway_url + "/v1/login/oidc")
+        params = {} if next_path is None else {"next": next_path}
+        begun = await browser.get(gateway_url + "/v1/login/oidc", params=params)
         assert begun.status_code == 302, begun.text
         flow = set_cookie(begun, "signoff_oidc")
         assert flow and "code_challenge=" in begun.headers["location"]
@@ -71,11 +72,15 @@ async def oidc_login(gateway_url: str, state: str | None = None) -> httpx.Respon
 async def test_an_oidc_login_works_and_the_principal_comes_from_the_configured_claim(gateway, provider, sink):
     provider.next_login = {"preferred_username": "alice", CLAIM: "olivia", "groups": ["finance"]}
     answer = await oidc_login(url(gateway))
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["principal"] == "olivia" and provider.token_requests == 1
+    # The browser is sent on to a page (303), not shown JSON; the page names her.
+    assert (answer.status_code, answer.headers["location"]) == (303, "/"), answer.text
+    assert provider.token_requests == 1
     async with GatewayClient(url(gateway)) as olivia, GatewayClient(url(gateway)) as alice:
-        olivia.cookie, olivia.csrf = set_cookie(answer, "signoff_session"), answer.json()["csrf_token"]
+        olivia.cookie = set_cookie(answer, "signoff_session")
+        page = await olivia.get("/")
+        assert page.headers["content-type"].startswith("text/html") and "<b>olivia</b>" in page.text, page.text
         me = (await olivia.get("/v1/me")).json()
+        olivia.csrf = me["csrf_token"]
         assert (me["principal"], me["groups"]) == ("olivia", ["finance"])
         # The gateway's channel may assert her: her approval counts, in her name.
         await alice.login("alice")
@@ -118,3 +123,33 @@ async def test_an_oidc_login_refuses_a_wrong_state_and_a_claim_naming_a_password
     # Nor may olivia (an OIDC-only user) log in with a password.
     async with GatewayClient(url(gateway)) as client:
         assert (await client.login("olivia", "any password at all")).status_code == 401
+
+
+@pytest.mark.parametrize("asked", ["/v1/requests?status=pending", "//evil.example/x", "https://evil.example/",
+                                   "/\\evil.example", "javascript:alert(1)"])
+async def test_an_oidc_login_sends_the_browser_on_to_a_page_of_this_gateway_and_never_to_another_site(
+        gateway, provider, asked):
+    provider.next_login = {CLAIM: "olivia"}
+    answer = await oidc_login(url(gateway), next_path=asked)
+    assert answer.status_code == 303 and set_cookie(answer, "signoff_session"), answer.text
+    expected = asked if asked.startswith("/v1/") else "/"
+    assert answer.headers["location"] == expected
+
+
+async def test_logging_out_ends_an_oidc_session_on_every_replica(gateway, provider):
+    gateway.start("gateway#2")
+    provider.next_login = {CLAIM: "olivia"}
+    answer = await oidc_login(url(gateway))
+    cookie = set_cookie(answer, "signoff_session")
+    async with GatewayClient(url(gateway)) as olivia, GatewayClient(url(gateway, "gateway#2")) as other:
+        olivia.cookie = other.cookie = cookie
+        olivia.csrf = (await olivia.get("/v1/me")).json()["csrf_token"]
+        assert (await other.get("/v1/me")).status_code == 200
+        out = await olivia.post("/v1/logout", {})
+        assert out.status_code == 204, out.text
+        assert set_cookie(out, "signoff_session") is None  # the cookie is cleared in the browser
+        assert 'signoff_session=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers["set-cookie"]
+        # The same cookie, kept by someone, is refused by both replicas, and the page says so.
+        for client in (olivia, other):
+            assert (await client.get("/v1/me")).status_code == 401
+            assert "Not logged in" in (await client.get("/")).text

@@ -4,7 +4,9 @@ its scopes allow, and approves only when its scope says so and the tool's approv
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from pathlib import Path
 
 import httpx
@@ -138,3 +140,45 @@ async def test_a_revoked_or_wrong_token_gets_401_and_no_token_appears_in_the_log
 
 async def _true(value):
     return value
+
+
+async def test_an_expired_token_gets_401_and_sends_nothing(gateway, sink):
+    users_file = gateway.data_dir / "keys" / "gateway" / "users.yaml"
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+    expires_at = time.time() + 10
+    token, done = programs.create(users_file.parent.parent, users_file, BOT,
+                                  programs.parse_scopes("requests:read,requests:decide"), expires_at)
+    assert "expires" in done[0] and "expires" in programs.listing(users_file)[0]
+    async with Program(gateway, token) as bot:
+        assert (await bot.http.get(f"/v1/requests/{card['id']}")).status_code == 200  # before it expires
+        await asyncio.sleep(max(0.0, expires_at - time.time() + 0.5))
+        problem(await bot.http.get("/v1/requests"), 401, "unauthenticated")
+        problem(await bot.decide(card["id"]), 401, "unauthenticated")
+    await nothing_decided(gateway, card, sink, "/reviewed")
+    assert await rows(gateway, AuditEntry, session_id=card["session_id"], kind="response.rejected") == []
+
+
+async def test_failed_tokens_from_one_address_are_limited_across_two_replicas_a_right_token_included(deployment):
+    gateway = deployment
+    gateway.extra_env["SIGNOFF_GATEWAY_TOKEN_FAILURES_PER_ADDRESS"] = "3"
+    add_people(gateway)
+    gateway.start()
+    gateway.start("gateway", "gateway#2")
+    replicas = [url(gateway), url(gateway, "gateway#2")]
+    token = make_token(gateway, BOT, "requests:read")
+    wrong = [programs.TOKEN_PREFIX + secrets.token_urlsafe(32) for _ in range(4)]
+    async with httpx.AsyncClient(timeout=30) as http:
+        async def ask(replica: int, bearer: str) -> httpx.Response:
+            return await http.get(replicas[replica] + "/v1/requests", headers={"Authorization": f"Bearer {bearer}"})
+
+        assert (await ask(0, token)).status_code == 200
+        for attempt in range(3):  # three failures, spread over both replicas
+            problem(await ask(attempt % 2, wrong[attempt]), 401, "unauthenticated")
+        for replica in (0, 1):
+            limited = problem(await ask(replica, wrong[3]), 429, "too-many-token-failures")
+            assert limited["status"] == 429
+            answer = await ask(replica, token)  # the right token too: guessing stops, whatever the guess
+            problem(answer, 429, "too-many-token-failures")
+            assert int(answer.headers["retry-after"]) >= 1

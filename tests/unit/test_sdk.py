@@ -263,3 +263,11 @@ def test_the_example_bot_approves_only_its_tool_within_every_limit_and_never_wha
 
     card = Card.model_validate({**CARD, **changes})
     assert bot_rule()(card, "refund", {"amount": 100.0}) is allowed
+
+
+def test_the_channel_adapters_token_responder_is_the_one_the_ledger_records():
+    from services.approval_ledger.domain import TOKEN_RESPONDER_PREFIX, token_responder
+    from signoff import channel
+
+    assert channel.TOKEN_RESPONDER_PREFIX == TOKEN_RESPONDER_PREFIX
+    assert token_responder("inbox") == channel.TOKEN_RESPONDER_PREFIX + "inbox"
