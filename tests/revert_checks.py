@@ -754,7 +754,11 @@ def main(argv: list[str]) -> int:
                 failed, broken = failures(report)
                 caught = bool(failed) and not broken
                 toothless += not caught
-                last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
+                last = (run.stdout.strip().splitlines() or ["(no output)"])[-1  ("the executor's heartbeat queues for the pool behind the claims it guards", "services/tool_executor/claims.py",
+   "self._update_own(call_id, self.heartbeat, lease_expires_at=",
+   "self._update_own(call_id, self.engine, lease_expires_at=",
+   "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
+]
                 verdict = "caught" if caught else "NOT CAUGHT"
                 print(f"{index:2d} {name}: {verdict} ({last})", flush=True)
                 for test, why in failed + broken:
