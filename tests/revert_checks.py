@@ -693,6 +693,10 @@ MUTATIONS = [
    "                leeway=30,\n",
    "                leeway=10**9,\n",
    "tests/integration/test_gateway_oidc.py::test_an_expired_id_token_a_wrong_audience_and_a_bad_signature_are_refused_and_log_nobody_in[sqlite-expired]"),
+  ("the executor's heartbeat queues for the pool behind the claims it guards", "services/tool_executor/claims.py",
+   "self._update_own(call_id, self.heartbeat, lease_expires_at=",
+   "self._update_own(call_id, self.engine, lease_expires_at=",
+   "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
 ]
 
 
@@ -754,11 +758,7 @@ def main(argv: list[str]) -> int:
                 failed, broken = failures(report)
                 caught = bool(failed) and not broken
                 toothless += not caught
-                last = (run.stdout.strip().splitlines() or ["(no output)"])[-1  ("the executor's heartbeat queues for the pool behind the claims it guards", "services/tool_executor/claims.py",
-   "self._update_own(call_id, self.heartbeat, lease_expires_at=",
-   "self._update_own(call_id, self.engine, lease_expires_at=",
-   "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
-]
+                last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
                 verdict = "caught" if caught else "NOT CAUGHT"
                 print(f"{index:2d} {name}: {verdict} ({last})", flush=True)
                 for test, why in failed + broken:
