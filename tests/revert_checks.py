@@ -777,6 +777,10 @@ MUTATIONS = [
    "",
    "tests/integration/test_gateway_oidc.py::"
    "test_an_oidc_login_sends_the_browser_on_to_a_page_of_this_gateway_and_never_to_another_site[sqlite-//evil.example/x]"),
+  ("the executor's heartbeat queues for the pool behind the claims it guards", "services/tool_executor/claims.py",
+   "self._update_own(call_id, self.heartbeat, lease_expires_at=",
+   "self._update_own(call_id, self.engine, lease_expires_at=",
+   "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

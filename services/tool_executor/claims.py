@@ -187,8 +187,20 @@ def _update_own_setting(columns: tuple[str, ...]) -> Any:
 class Claims:
     """The executor's claims, on Core: one statement for the common case (a fresh claim)."""
 
-    def __init__(self, engine: AsyncEngine, holder: str, lease_seconds: float, ledger_key: Ed25519PublicKey) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        holder: str,
+        lease_seconds: float,
+        ledger_key: Ed25519PublicKey,
+        heartbeat: AsyncEngine | None = None,
+    ) -> None:
         self.engine = engine
+        # Renewals on a connection of their own: a heartbeat that queues for the pool behind
+        # the claims it guards misses its lease under load, and another delivery then takes
+        # a call that is still running (an idempotent one runs twice, an outward one is
+        # closed as outcome-unknown).
+        self.heartbeat = heartbeat or engine
         self.holder = holder
         self.lease = timedelta(seconds=lease_seconds)
         # The ledger's public key: a request's seal in the ledger's rows is checked with it.
@@ -254,20 +266,21 @@ class Claims:
             await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
         return verdict
 
-    async def _update_own(self, call_id: str, **values) -> bool:
+    async def _update_own(self, call_id: str, engine: AsyncEngine | None = None, **values) -> bool:
+        engine = engine or self.engine
         statement = _update_own_setting(tuple(values))
         parameters = {"call_id_": call_id, "holder_": self.holder, **values}
-        if self.engine.dialect.name == "postgresql":
+        if engine.dialect.name == "postgresql":
             # One statement is atomic by itself: autocommitted straight on asyncpg, one
             # round trip instead of SQLAlchemy's BEGIN, UPDATE and COMMIT.
-            async with self.engine.connect() as conn:
+            async with engine.connect() as conn:
                 return await driver.execute(conn, statement, parameters) == 1
-        async with self.engine.begin() as conn:
+        async with engine.begin() as conn:
             result = await conn.execute(statement, parameters)
             return result.rowcount == 1
 
     async def renew(self, call_id: str) -> bool:
-        return await self._update_own(call_id, lease_expires_at=renewed_lease(now(), self.lease))
+        return await self._update_own(call_id, self.heartbeat, lease_expires_at=renewed_lease(now(), self.lease))
 
     async def finish(self, call_id: str, outcome: str, result: dict[str, Any]) -> bool:
         """Record the result; False if this executor no longer holds the claim."""

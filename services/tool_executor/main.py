@@ -57,6 +57,8 @@ async def run(settings: Settings) -> None:
     runtime = prepare(settings, "tool-executor")
     await runtime.expose()
     engine = create_engine(settings, identity="tool-executor")
+    # SQLite has one writer and a pool of one already; PostgreSQL gets a connection for the heartbeat alone.
+    heartbeat = create_engine(settings, identity="tool-executor", pool_size=1) if settings.is_postgres else None
     runtime.health.add("database", partial(database_reachable, engine))
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"
@@ -69,7 +71,7 @@ async def run(settings: Settings) -> None:
     async with httpx.AsyncClient() as http:
         executor = Executor(
             catalogue=catalogue,
-            claims=Claims(engine, holder, settings.claim_lease_seconds, ledger_key),
+            claims=Claims(engine, holder, settings.claim_lease_seconds, ledger_key, heartbeat),
             http=http,
             report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
             data_dir=tool_data_dir(settings.data_dir.resolve()),
@@ -83,3 +85,5 @@ async def run(settings: Settings) -> None:
             await runtime.serve()
         finally:
             await engine.dispose()
+            if heartbeat is not None:
+                await heartbeat.dispose()
