@@ -1,6 +1,7 @@
-"""One handler per inbound message; each is one unit of work that reads as
-load (`reads`) → decide (`domain`) → record (`records`). Handlers orchestrate
-only: every rule is in `domain`.
+"""One handler per inbound message; each is one transaction on the ledger's store
+(the port, `store.py`) that reads as load (the store's typed reads) → decide
+(`domain`) → record (`records`, handing the writes to the store, applied at
+commit). Handlers orchestrate only: every rule is in `domain`.
 """
 
 from __future__ import annotations

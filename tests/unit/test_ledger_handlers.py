@@ -716,3 +716,35 @@ async def test_an_escalation_is_audited_and_announced_with_the_requests_card_and
         requested["card"],
     )
     assert rig.rows("approval_requests", id=requested["request_id"])[0]["escalated_at"] is not None
+
+
+async def test_a_tool_result_is_audited_as_claimed_and_finished_with_the_claims_holder_attempt_and_digests(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute, output="12:00")
+    token = sender.set("unit.tool-executor")
+    try:
+        report = await rig.executed(execute)
+    finally:
+        sender.reset(token)
+    claimed, finished = (rig.rows("audit_log", kind=kind, subject=execute["call_id"])[0]
+                         for kind in ("execution.claimed", "execution.finished"))
+    [claim] = rig.rows("execution_claims", call_id=execute["call_id"])
+    assert (claimed["actor"], claimed["message_id"]) == ("executor-1", report.message_id)
+    assert claimed["detail"]["attempt"] == 1
+    assert claimed["detail"]["claimed_at"] == claim["claimed_at"].isoformat()
+    assert (finished["actor"], finished["detail"]["outcome"]) == ("unit.tool-executor", "output")
+    assert finished["detail"]["output_digest"] == digest_of("12:00")
+    assert finished["detail"]["error_digest"] is None
+
+
+async def test_a_refused_report_of_a_known_session_is_chained_and_numbered_in_that_session(rig):
+    await rig.start()
+    before = rig.session()
+    await rig.executed({"call_id": mint("call")})
+    [rejected] = rig.events("message.rejected")
+    assert rejected["sequence"] == before["event_seq"] + 1
+    [entry] = rig.rows("audit_log", kind="message.rejected")
+    assert entry["session_seq"] == before["audit_seq"] + 1
+    assert rig.session()["audit_hash"] == entry["hash"]
