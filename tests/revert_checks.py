@@ -693,6 +693,11 @@ MUTATIONS = [
    "                leeway=30,\n",
    "                leeway=10**9,\n",
    "tests/integration/test_gateway_oidc.py::test_an_expired_id_token_a_wrong_audience_and_a_bad_signature_are_refused_and_log_nobody_in[sqlite-expired]"),
+  # Needs the cluster rig (root; cluster_up.sh starts it and leaves it up: cluster_down.sh stops it).
+  ("a RabbitMQ node cut off from its peers goes on alone (partition handling ignore)", "deploy/local/cluster_up.sh",
+   "PARTITION_HANDLING=pause_minority",
+   "PARTITION_HANDLING=ignore",
+   "tests/cluster/test_cluster_failover.py::test_a_rabbitmq_node_cut_off_from_the_other_two_stops_while_they_go_on_and_nothing_is_lost_or_repeated"),
 ]
 
 

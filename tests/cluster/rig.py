@@ -71,6 +71,48 @@ def kill_node(n: int) -> None:
     os.kill(int((BASE / f"rabbit{n}" / "pid").read_text().strip()), signal.SIGKILL)
 
 
+def deployment_connections_by_node(namespace: str, via: int) -> Counter[str]:
+    """Where the deployment's own clients (its services' broker users `<namespace>.<service>`) are connected."""
+    with management(via) as api:
+        connections = api.get("/connections", params={"columns": "node,user"}).json()
+    return Counter(c["node"] for c in connections if c.get("user", "").startswith(namespace + "."))
+
+
+def _peers(n: int) -> str:
+    return "[" + ", ".join(f"'{node_name(m)}'" for m in NODES if m != n) + "]"
+
+
+def cut_off(n: int) -> None:
+    """Node `n` cut off from the other two, its clients' TCP connections to it untouched:
+    its Erlang distribution links dropped and kept from coming back (a cookie the peers do
+    not have, for them alone: both sides refuse the handshake), as a network split would.
+    The CLI still reaches it: rabbitmqctl is not one of the peers."""
+    rabbitmqctl(n, "eval", f"[begin erlang:set_cookie(N, signoff_partitioned), erlang:disconnect_node(N) end"
+                           f" || N <- {_peers(n)}], nodes().")
+
+
+def heal(n: int) -> None:
+    """The split healed: node `n` takes its peers' cookie again and reconnects."""
+    rabbitmqctl(n, "eval", f"[begin erlang:set_cookie(N, erlang:get_cookie()), net_kernel:connect_node(N) end"
+                           f" || N <- {_peers(n)}].")
+
+
+def peers_seen(n: int) -> list[str]:
+    """The nodes node `n` has distribution links to."""
+    return [p.strip(" '") for p in rabbitmqctl(n, "eval", "nodes().").strip().strip("[]").split(",") if p.strip()]
+
+
+def partitions(n: int) -> list[str]:
+    """The nodes node `n` remembers a split from (pause_minority leaves none once healed)."""
+    return [p.strip(" '") for p in rabbitmqctl(n, "eval", "rabbit_node_monitor:partitions().").strip().strip("[]")
+            .split(",") if p.strip()]
+
+
+def running(n: int) -> bool:
+    """Whether the RabbitMQ application runs on node `n` (a node paused by pause_minority: no)."""
+    return rabbitmqctl(n, "eval", "rabbit:is_running().").strip() == "true"
+
+
 def postmaster(cluster: str) -> int:
     return int(Path(f"/var/lib/postgresql/{PG_VERSION}/{cluster}/postmaster.pid").read_text().split()[0])
 
