@@ -8,11 +8,14 @@ import contextlib
 import os
 import signal
 import time
+from collections import Counter
 
 import aio_pika
 import pytest
 
+from services.status import placement, render_placement
 from tests.cluster.rig import (
+    ADMIN,
     NODES,
     Flow,
     cluster_deployment,
@@ -187,7 +190,11 @@ async def test_a_rabbitmq_node_cut_off_from_the_other_two_stops_while_they_go_on
         paused_in = await _wait_for(lambda: not running(victim), 30, f"{victim_name} paused")
         await asyncio.sleep(max(0.0, 20 - (time.monotonic() - cut_at)))
         during = flow.observed.completed_turns - before
-        moved = deployment_connections_by_node(deployment.namespace, via=survivor)
+        # As `signoff status` shows it (its management API on a node of the majority).
+        where = await placement(deployment.settings.model_copy(update={"rabbitmq_admin_url": ADMIN.format(
+            port=15680 + survivor)}))
+        moved = sum(where.broker.values(), Counter())
+        print("\n".join(render_placement(where)))
         print(f"cluster: {victim_name} paused {paused_in:.1f}s after the cut; {during} turns completed in the 20 s "
               f"of the split; the deployment's clients by node now {dict(moved)}")
         still_cut = peers_seen(victim)
@@ -212,6 +219,7 @@ async def test_a_rabbitmq_node_cut_off_from_the_other_two_stops_while_they_go_on
     assert not confirmed_alone, f"{victim_name}, cut off, confirmed a publish on its own (split brain)"
     assert during > 0, "no turn completed on the two nodes of the majority"
     assert victim_name not in moved, f"clients still on the paused {victim_name}: {dict(moved)}"
+    assert all(set(servers) == {"127.0.0.1:5442"} for servers in where.database.values()), where.database
     assert verdict.passed, verdict.violations
     for name, process in deployment.processes.items():
         assert process.poll() is None, f"{name} died with the split instead of moving to another node"
