@@ -108,6 +108,10 @@ for n in "${NODES[@]}"; do
   ctl "$n" eval "application:set_env(rabbit, cluster_partition_handling, $PARTITION_HANDLING)." >/dev/null
 done
 
+# `cluster_up.sh --rabbitmq-only`: the nodes alone (tests/chaos.py --cluster brings a killed
+# node back while its PostgreSQL pair may have swapped roles, which the rest would refuse).
+if [ "${1:-}" = --rabbitmq-only ]; then echo "cluster: RabbitMQ up"; exit 0; fi
+
 # --- PostgreSQL ----------------------------------------------------------------
 PGBIN=/usr/lib/postgresql/$PG_VERSION/bin
 exists() { pg_lsclusters -h | awk '{print $2}' | grep -qx "$1"; }

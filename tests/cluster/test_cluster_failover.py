@@ -92,20 +92,36 @@ async def test_the_rabbitmq_node_leading_most_queues_killed_mid_flow_loses_and_r
         assert process.poll() is None, f"{name} died with the node instead of moving to another"
 
 
+def _committed(namespace: str) -> int:
+    """Rows the deployment's commits have made visible on the primary (its audit log: every
+    decision, claim and closure writes there), as a superuser reads them at once."""
+    return int(psql(5442, f'select count(*) from "{namespace}".audit_log'))
+
+
 async def _lose_the_primary(deployment, console, sink, *, freeze_standby: bool, patience: float):
     """32 sessions in flight; the primary lost (every process of it SIGKILLed) and the standby
     promoted. freeze_standby: the primary's WAL sender stopped (SIGSTOP) for 3 s just before,
-    so the standby lags what the primary committed, as a loaded or distant standby does."""
+    so the standby lags what the primary committed, as a loaded or distant standby does.
+    Returns the verdict and how many rows were committed on the primary while the standby was frozen."""
     flow = Flow(console, SESSIONS, patience=patience)
     await asyncio.sleep(8)
-    before = flow.observed.completed_turns
-    sender = wal_sender()
+    sender = await asyncio.to_thread(wal_sender)
+    committed_frozen = 0
     if freeze_standby:
         # The primary's WAL sender, not the standby's receiver: what the sender already
         # wrote to the socket would reach the standby from the kernel's buffer anyway.
         os.kill(sender, signal.SIGSTOP)
+        before = flow.observed.completed_turns
+        # Read in the ledger, not by the session loops: they see a turn up to a poll (under
+        # load, seconds) after its commit, so "turns completed while frozen" counted commits
+        # made before the freeze (20 in one run).
+        at_freeze = await asyncio.to_thread(_committed, deployment.namespace)
         await asyncio.sleep(3)
-    frozen_turns = flow.observed.completed_turns - before
+        committed_frozen = await asyncio.to_thread(_committed, deployment.namespace) - at_freeze
+        held = await asyncio.to_thread(psql, 5442, "select count(*) from pg_stat_activity where wait_event = 'SyncRep'")
+        print(f"\ncluster: while the WAL sender was held 3 s: {committed_frozen} audit rows committed on the primary, "
+              f"{held} commits waiting for the standby, {flow.observed.completed_turns - before} turns seen completed "
+              f"by the session loops")
     killed_at = time.monotonic()
     kill_primary()
     await asyncio.to_thread(promote_standby)
@@ -113,10 +129,10 @@ async def _lose_the_primary(deployment, console, sink, *, freeze_standby: bool, 
     await asyncio.sleep(25)
     verdict = await flow.finish(deployment, sink)
     pause = flow.longest_pause(killed_at)
-    print(f"\ncluster: promoted in {promoted_in:.1f}s; {frozen_turns} turns completed while the standby was frozen; "
+    print(f"cluster: promoted in {promoted_in:.1f}s; "
           f"{flow.observed.completed_turns} turns, {len(sink.requests)} outward calls; longest pause {pause:.1f}s; "
           f"figures {verdict.figures}; violations {verdict.violations}")
-    return verdict
+    return verdict, committed_frozen
 
 
 async def test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_loses_and_repeats_nothing(
@@ -125,7 +141,8 @@ async def test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_
     deployment, console = flowing
     assert psql(5442, "select sync_state from pg_stat_replication") == "sync"
     # Frozen, the synchronous standby holds every commit back: nothing is acknowledged that it lacks.
-    verdict = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=180)
+    verdict, committed_frozen = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=180)
+    assert committed_frozen == 0, f"{committed_frozen} rows committed while the synchronous standby was held"
     assert verdict.passed, verdict.violations
     for name, process in deployment.processes.items():
         assert process.poll() is None, f"{name} died with the primary instead of finding the new one"
@@ -140,7 +157,8 @@ async def test_with_asynchronous_replication_the_same_loss_forgets_acknowledged_
     psql(5442, "select pg_reload_conf()")
     await asyncio.sleep(1)
     assert psql(5442, "select sync_state from pg_stat_replication") == "async"
-    verdict = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=60)
+    verdict, committed_frozen = await _lose_the_primary(deployment, console, sink, freeze_standby=True, patience=60)
+    assert committed_frozen > 0, "nothing was committed while the asynchronous standby was held"
     assert not verdict.passed, "asynchronous replication lost nothing: the scenario did not make the standby lag"
 
 
