@@ -698,6 +698,10 @@ MUTATIONS = [
    "PARTITION_HANDLING=pause_minority",
    "PARTITION_HANDLING=ignore",
    "tests/cluster/test_cluster_failover.py::test_a_rabbitmq_node_cut_off_from_the_other_two_stops_while_they_go_on_and_nothing_is_lost_or_repeated"),
+  ("the cluster's standby asynchronous (a commit does not wait for it)", "deploy/local/cluster_up.sh",
+   'if [ "$SYNC" = 1 ]; then standbys="signoff_standby"; else standbys=""; fi',
+   'standbys=""',
+   "tests/cluster/test_cluster_failover.py::test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_loses_and_repeats_nothing"),
 ]
 
 
