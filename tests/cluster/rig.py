@@ -127,9 +127,9 @@ def postmaster(cluster: str) -> int:
     return int(Path(f"/var/lib/postgresql/{PG_VERSION}/{cluster}/postmaster.pid").read_text().split()[0])
 
 
-def psql(port: int, sql: str) -> str:
+def psql(port: int, sql: str, database: str = "postgres") -> str:
     return subprocess.run(["psql", "-X", "-q", "-t", "-A", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-                           "-d", "postgres", "-c", sql], check=True, capture_output=True, text=True,
+                           "-d", database, "-c", sql], check=True, capture_output=True, text=True,
                           timeout=60).stdout.strip()
 
 

@@ -95,7 +95,7 @@ async def test_the_rabbitmq_node_leading_most_queues_killed_mid_flow_loses_and_r
 def _committed(namespace: str) -> int:
     """Rows the deployment's commits have made visible on the primary (its audit log: every
     decision, claim and closure writes there), as a superuser reads them at once."""
-    return int(psql(5442, f'select count(*) from "{namespace}".audit_log'))
+    return int(psql(5442, f'select count(*) from "{namespace}".audit_log', database="test"))
 
 
 async def _lose_the_primary(deployment, console, sink, *, freeze_standby: bool, patience: float):
