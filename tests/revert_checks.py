@@ -702,6 +702,10 @@ MUTATIONS = [
    'if [ "$SYNC" = 1 ]; then standbys="signoff_standby"; else standbys=""; fi',
    'standbys=""',
    "tests/cluster/test_cluster_failover.py::test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_loses_and_repeats_nothing"),
+  ("a warm-started service killed by SIGPIPE (a write to a socket whose peer is gone)", "services/warm_start.py",
+   "        signal.signal(signal.SIGPIPE, signal.SIG_IGN)",
+   "        signal.signal(signal.SIGPIPE, signal.SIG_DFL)",
+   "tests/integration/test_warm_start_signals.py"),
 ]
 
 
