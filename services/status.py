@@ -10,12 +10,19 @@ once), never from the management API, whose statistics are sampled every few sec
 drop` it still named the dropped message). A passive declare needs no permission on the
 queue, so it is made as the operator's console identity (`<ns>.console`, which may read
 only the dead letters). Only the unacknowledged counts, which nothing but the management
-API knows, come from it: shown, marked as sampled, and never judged."""
+API knows, come from it: shown, marked as sampled, and never judged.
+
+Past one machine it also says where each service is connected: the RabbitMQ node of each
+of its connections (the management API lists them by broker user, `<ns>.<service>`) and
+the PostgreSQL server of each of its sessions (each host of SIGNOFF_DATABASE_URL asked,
+primary or standby, for the sessions of the deployment's roles). Shown, never judged: a
+service that lost its node or its primary is judged by its queues and its /readyz."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit, urlunsplit
@@ -26,12 +33,13 @@ import httpx
 
 from services.approval_ledger.backlog import Backlog, measure
 from services.warm_start import SERVICES
+from shared.amqp_hosts import hosts_of, split_hosts
 from shared.catalogue import load_catalogue
 from shared.ledger.database import create_engine
 from shared.messages import now
 from shared.observability import know_tools
 from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
-from shared.provisioning import management_api, vhost_in_path
+from shared.provisioning import DATABASE_IDENTITIES, management_api, vhost_in_path
 from shared.redaction import redact_text
 from shared.runtime import address
 from shared.settings import Settings
@@ -62,6 +70,18 @@ class QueueState:
 
 
 @dataclass
+class Placement:
+    """Where each identity (a service, the console, a channel) has its connections: how many
+    on each RabbitMQ node and on each PostgreSQL server (`host:port`)."""
+
+    broker: dict[str, Counter[str]] = field(default_factory=dict)
+    broker_error: str | None = None
+    database: dict[str, Counter[str]] = field(default_factory=dict)
+    # Each server of SIGNOFF_DATABASE_URL: "primary", "standby", or why it did not answer.
+    servers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Status:
     replicas: list[Replica] = field(default_factory=list)
     queues: list[QueueState] = field(default_factory=list)
@@ -70,6 +90,7 @@ class Status:
     unacked_error: str | None = None
     backlog: Backlog | None = None
     backlog_error: str | None = None
+    placement: Placement = field(default_factory=Placement)
     at: datetime = field(default_factory=now)
 
     def needs_a_person(self, topology: Topology) -> list[str]:
@@ -137,12 +158,23 @@ async def _replica(http: httpx.AsyncClient, name: str, url: str) -> Replica:
     return Replica(name, url, answer.status_code == 200, said)
 
 
+async def _connect_to_any(url: str) -> aio_pika.abc.AbstractConnection:
+    """A connection to the first node of `url` that takes one (a cluster's URL names several)."""
+    urls = split_hosts(url)
+    for one in urls[:-1]:
+        try:
+            return await aio_pika.connect(one)
+        except Exception:  # that node is down: the next
+            continue
+    return await aio_pika.connect(urls[-1])
+
+
 async def _queues(settings: Settings, topology: Topology) -> list[QueueState]:
     """Each queue's ready messages and consumers as the broker answers a passive declare
     now, made as the operator's console identity (a passive declare needs no permission)."""
     url, user = settings.amqp_login(OPERATOR)
     try:
-        connection = await aio_pika.connect(url)
+        connection = await _connect_to_any(url)
     except Exception as error:
         raise ConnectionError(
             f"cannot connect to RabbitMQ at {address(settings.rabbitmq_url)} as {user} "
@@ -171,6 +203,83 @@ async def _unacked(settings: Settings) -> dict[str, int]:
         answer = await api.get(f"/queues/{vhost_in_path(settings)}", params={"columns": "name,messages_unacknowledged"})
         answer.raise_for_status()
     return {q["name"]: int(q.get("messages_unacknowledged") or 0) for q in answer.json()}
+
+
+async def _broker_nodes(settings: Settings) -> dict[str, Counter[str]]:
+    """Each broker user's connections by RabbitMQ node, as the management API lists them
+    (the deployment's users, `<ns>.<identity>`, shown as `<identity>`)."""
+    async with management_api(settings) as api:
+        answer = await api.get("/connections", params={"columns": "user,node,vhost"})
+        answer.raise_for_status()
+    vhost = urlsplit(settings.rabbitmq_url).path.lstrip("/") or "/"
+    prefix = f"{settings.namespace}."
+    nodes: dict[str, Counter[str]] = {}
+    for connection in answer.json():
+        user = str(connection.get("user") or "")
+        if connection.get("vhost", vhost) != vhost or not (user.startswith(prefix) or not settings.broker_identities):
+            continue
+        identity = user[len(prefix) :] if user.startswith(prefix) else user
+        nodes.setdefault(identity, Counter())[str(connection.get("node") or "?")] += 1
+    return nodes
+
+
+def database_servers(settings: Settings) -> list[tuple[str, Settings]]:
+    """(`host:port`, settings naming that server alone) for each host of SIGNOFF_DATABASE_URL,
+    a standby too (target_session_attrs dropped: it is asked, not written to)."""
+    url = settings.database_url
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("target_session_attrs="))
+    servers = []
+    for host in hosts_of(url):
+        one = urlunsplit((parts.scheme, f"{userinfo}{at}{host}", parts.path, query, parts.fragment))
+        shown = host if ":" in host.rsplit("]", 1)[-1] else f"{host}:5432"
+        servers.append((shown, settings.model_copy(update={"database_url": one})))
+    return servers
+
+
+async def _database_sessions(settings: Settings) -> tuple[dict[str, Counter[str]], dict[str, str]]:
+    """Each service's sessions by PostgreSQL server, from each server's pg_stat_activity
+    (which shows any role's sessions, without their queries, to the console's role)."""
+    from sqlalchemy import text
+
+    roles = {settings.database_role(name): name for name in DATABASE_IDENTITIES}
+    sessions: dict[str, Counter[str]] = {}
+    servers: dict[str, str] = {}
+    for shown, one in database_servers(settings):
+        engine = create_engine(one, identity="console", pool_size=1)
+        try:
+            async with engine.connect() as conn:
+                standby = await asyncio.wait_for(conn.scalar(text("SELECT pg_is_in_recovery()")), 5)
+                rows = (
+                    await conn.execute(
+                        text(
+                            "SELECT usename, count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid() GROUP BY usename"
+                        )
+                    )
+                ).all()
+            servers[shown] = "standby" if standby else "primary"
+            for user, count in rows:
+                if user in roles:
+                    sessions.setdefault(roles[user], Counter())[shown] += count
+        except (Exception, SystemExit) as error:  # a server down is what this is for: shown
+            servers[shown] = f"no answer: {type(error).__name__}"
+        finally:
+            await engine.dispose()
+    return sessions, servers
+
+
+async def placement(settings: Settings) -> Placement:
+    """Where each service is connected (shown, never judged)."""
+    where = Placement()
+    try:
+        where.broker = await _broker_nodes(settings)
+    except (httpx.HTTPError, ValueError) as error:
+        where.broker_error = f"{type(error).__name__}: {redact_text(str(error))}"
+    if settings.is_postgres and settings.database_identities:
+        where.database, where.servers = await _database_sessions(settings)
+    return where
 
 
 async def replicas_of(name: str, url: str) -> list[tuple[str, str]]:
@@ -218,6 +327,7 @@ async def gather(settings: Settings) -> Status:
             await engine.dispose()
     except (Exception, SystemExit) as error:
         status.backlog_error = f"{type(error).__name__}: {error}"
+    status.placement = await placement(settings)
     status.at = now()
     return status
 
@@ -253,6 +363,7 @@ def render(status: Status, topology: Topology) -> str:
             "(READY and CONSUMERS as the broker answers now; UNACKED is the management API's sample, seconds old"
             + (f": cannot be read: {visible(status.unacked_error, TEXT_CHARS)})" if status.unacked_error else ")")
         )
+    lines.extend(["", *render_placement(status.placement)])
     lines.append("")
     backlog = status.backlog
     if backlog is None:
@@ -284,6 +395,25 @@ def render(status: Status, topology: Topology) -> str:
     else:
         lines.append("all well")
     return "\n".join(lines)
+
+
+def _counts(counts: Counter[str]) -> str:
+    return ", ".join(f"{visible(where, FIELD_CHARS)} ({n})" for where, n in sorted(counts.items()))
+
+
+def render_placement(where: Placement) -> list[str]:
+    """Each identity's RabbitMQ nodes and PostgreSQL servers, with its connections on each."""
+    lines = [f"{'CONNECTED':<20} {'RABBITMQ NODE (CONNECTIONS)':<48} POSTGRESQL SERVER (SESSIONS)"]
+    for identity in sorted(set(where.broker) | set(where.database)):
+        broker = _counts(where.broker.get(identity, Counter())) or "-"
+        database = _counts(where.database.get(identity, Counter())) or "-"
+        lines.append(f"{visible(identity, FIELD_CHARS):<20} {broker:<48} {database}")
+    if where.broker_error:
+        lines.append(f"(cannot read the broker's connections: {visible(where.broker_error, TEXT_CHARS)})")
+    if where.servers:
+        servers = ", ".join(f"{visible(s, FIELD_CHARS)} {visible(v, FIELD_CHARS)}" for s, v in where.servers.items())
+        lines.append(f"(database servers: {servers})")
+    return lines
 
 
 async def show_status(settings: Settings) -> int:

@@ -130,8 +130,12 @@ def fork_service(
         if new_session:
             os.setsid()
         signal.set_wakeup_fd(-1)
-        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        for number in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)
+        # Ignored, as a new interpreter has it: a write to a socket whose peer is gone (a
+        # PostgreSQL primary or a RabbitMQ node lost) is then an error the service handles,
+        # not a signal that kills it (make chaos --cluster: a ledger died of SIGPIPE).
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if ending is not None:
             ending()

@@ -81,7 +81,8 @@ def require_services(*, postgres: bool = True) -> None:
     if postgres:
         wanted.append(("PostgreSQL", POSTGRES_URL, "SIGNOFF_TEST_POSTGRES_URL"))
     for name, url, variable in wanted:
-        parts = urlsplit(url)
+        # A cluster's URL names several hosts (tests/cluster): its first is asked.
+        parts = urlsplit(url.replace(urlsplit(url).netloc, urlsplit(url).netloc.split(",")[0], 1))
         try:
             socket.create_connection((parts.hostname, parts.port), timeout=3).close()
         except OSError as error:

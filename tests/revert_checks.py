@@ -781,6 +781,19 @@ MUTATIONS = [
    "self._update_own(call_id, self.heartbeat, lease_expires_at=",
    "self._update_own(call_id, self.engine, lease_expires_at=",
    "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
+  # Needs the cluster rig (root; cluster_up.sh starts it and leaves it up: cluster_down.sh stops it).
+  ("a RabbitMQ node cut off from its peers goes on alone (partition handling ignore)", "deploy/local/cluster_up.sh",
+   "PARTITION_HANDLING=pause_minority",
+   "PARTITION_HANDLING=ignore",
+   "tests/cluster/test_cluster_failover.py::test_a_rabbitmq_node_cut_off_from_the_other_two_stops_while_they_go_on_and_nothing_is_lost_or_repeated"),
+  ("the cluster's standby asynchronous (a commit does not wait for it)", "deploy/local/cluster_up.sh",
+   'if [ "$SYNC" = 1 ]; then standbys="signoff_standby"; else standbys=""; fi',
+   'standbys=""',
+   "tests/cluster/test_cluster_failover.py::test_the_postgresql_primary_lost_and_its_synchronous_standby_promoted_loses_and_repeats_nothing"),
+  ("a warm-started service killed by SIGPIPE (a write to a socket whose peer is gone)", "services/warm_start.py",
+   "        signal.signal(signal.SIGPIPE, signal.SIG_IGN)",
+   "        signal.signal(signal.SIGPIPE, signal.SIG_DFL)",
+   "tests/integration/test_warm_start_signals.py"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

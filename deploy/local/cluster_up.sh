@@ -21,6 +21,9 @@ BASE=${SIGNOFF_CLUSTER_DIR:-/var/tmp/signoff-cluster}
 PG_VERSION=${SIGNOFF_CLUSTER_PG_VERSION:-$(ls /etc/postgresql | sort -V | tail -n 1)}
 SYNC=${SIGNOFF_CLUSTER_SYNC:-1}
 NODES=(1 2 3)
+# What a node cut off from the other two does: it pauses (closes its clients, confirms
+# nothing) rather than go on alone and confirm messages the majority never sees.
+PARTITION_HANDLING=pause_minority
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_for() {
@@ -43,7 +46,7 @@ management.tcp.port = $((15680 + n))
 prometheus.tcp.ip = 127.0.0.1
 prometheus.tcp.port = $((15700 + n))
 # A node cut off from the other two pauses (closes its clients) instead of going on alone.
-cluster_partition_handling = pause_minority
+cluster_partition_handling = $PARTITION_HANDLING
 # Quorum queue leaders spread over the nodes (the default puts them all where \`signoff setup\` connected).
 queue_leader_locator = balanced
 loopback_users = none
@@ -82,11 +85,32 @@ for n in 2 3; do
     ctl "$n" start_app
   fi
 done
+# A node left cut off (a test stopped mid-split: tests/cluster/rig.py's cut_off) takes its
+# peers' cookie back; a split the nodes remember (partitions, as with `ignore`) is healed as
+# RabbitMQ heals one, by restarting the nodes of the minority side.
+peers() { local m out=""; for m in "${NODES[@]}"; do [ "$m" = "$1" ] || out+="${out:+,}'$(node "$m")'"; done; echo "[$out]"; }
+for n in "${NODES[@]}"; do
+  ctl "$n" eval "[begin erlang:set_cookie(N, erlang:get_cookie()), net_kernel:connect_node(N) end || N <- $(peers "$n")]." >/dev/null
+done
+sleep 1
+for cut in $(for n in "${NODES[@]}"; do ctl "$n" eval 'rabbit_node_monitor:partitions().'; done \
+  | grep -o 'signoff[0-9]*@localhost' | sort | uniq -c | awk '$1 >= 2 {print $2}'); do
+  n=${cut#signoff}; n=${n%@localhost}
+  echo "cluster: restarting $cut, on the minority side of a split"
+  ctl "$n" stop_app
+  ctl "$n" start_app
+done
 for n in "${NODES[@]}"; do
   ctl "$n" await_startup
   wait_for "RabbitMQ management on $(node "$n")" $((15680 + n))
   wait_for "RabbitMQ Prometheus on $(node "$n")" $((15700 + n))
+  # The running node too (it reads it at each lost peer): a node started before an edit has it at once.
+  ctl "$n" eval "application:set_env(rabbit, cluster_partition_handling, $PARTITION_HANDLING)." >/dev/null
 done
+
+# `cluster_up.sh --rabbitmq-only`: the nodes alone (tests/chaos.py --cluster brings a killed
+# node back while its PostgreSQL pair may have swapped roles, which the rest would refuse).
+if [ "${1:-}" = --rabbitmq-only ]; then echo "cluster: RabbitMQ up"; exit 0; fi
 
 # --- PostgreSQL ----------------------------------------------------------------
 PGBIN=/usr/lib/postgresql/$PG_VERSION/bin

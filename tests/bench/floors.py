@@ -10,6 +10,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from shared.amqp_hosts import split_hosts
 from tests.bench.report import Progress
 from tests.harness import POSTGRES_URL, RABBITMQ_URL
 
@@ -47,8 +48,9 @@ async def postgres_floor(schema: str, seconds: float, connections: int = 16) -> 
 async def rabbitmq_floor(namespace: str, seconds: float, publishers: int = 16, size: int = 1024,
                          queue_type: str = "quorum") -> dict[str, Any]:
     name = f"{namespace}.bench-floor"
-    publishing = await aio_pika.connect(RABBITMQ_URL)
-    consuming = await aio_pika.connect(RABBITMQ_URL)
+    # A cluster's URL (several hosts): both on its first node, the queue replicated to the others.
+    publishing = await aio_pika.connect(split_hosts(RABBITMQ_URL)[0])
+    consuming = await aio_pika.connect(split_hosts(RABBITMQ_URL)[0])
     published = consumed = 0
     body = b"x" * size
     try:

@@ -137,3 +137,43 @@ async def test_status_is_exact_the_moment_services_are_ready_a_message_is_parked
             and "dead letters         0" in out):
         wrong.append(f"at once after `dead-letters drop` (exit {code}):\n{out}")
     assert not wrong, "status was wrong " + "\n".join(wrong)
+
+
+async def test_status_says_which_rabbitmq_node_and_postgresql_server_each_service_is_connected_to(
+        pg_deployment, capsys):
+    import re
+
+    import httpx
+
+    from tests.harness import POSTGRES_URL, RABBITMQ_ADMIN_URL
+
+    deployment = pg_deployment
+    deployment.extra_env["SINK_URL"] = "http://127.0.0.1:9"
+    deployment.start()
+    admin = httpx.URL(RABBITMQ_ADMIN_URL)
+    node = httpx.get(admin.join("api/overview"), auth=(admin.username, admin.password), timeout=10).json()["node"]
+    server = POSTGRES_URL.split("@", 1)[1].split("/", 1)[0]
+
+    def placed(out: str, service: str) -> bool:
+        return re.search(rf"^{re.escape(service)}\s+{re.escape(node)} \(\d+\)\s+{re.escape(server)} \(\d+\)$", out,
+                         re.MULTILINE) is not None
+
+    # The management API lists a connection some seconds after it opens (its statistics are sampled).
+    deadline = time.monotonic() + 30
+    while True:
+        _, out = await status_now(deployment, capsys)
+        if all(placed(out, service) for service in SERVICES):
+            break
+        assert time.monotonic() < deadline, f"not every service shown on {node} and {server}:\n{out}"
+        await asyncio.sleep(1)
+    assert f"(database servers: {server} primary)" in out, out
+
+    deployment.kill("tool-executor")  # gone from both: what is shown is live, not configured
+    deadline = time.monotonic() + 30
+    while True:
+        _, out = await status_now(deployment, capsys)
+        if not re.search(r"^tool-executor ", out, re.MULTILINE):
+            break
+        assert time.monotonic() < deadline, f"a killed executor still shown connected:\n{out}"
+        await asyncio.sleep(1)
+    assert all(placed(out, service) for service in SERVICES if service != "tool-executor"), out

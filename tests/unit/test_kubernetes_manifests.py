@@ -264,3 +264,27 @@ def test_the_executor_starts_python_tools_through_a_root_launcher_beside_it_that
         for container in other["spec"]["template"]["spec"]["containers"]:
             if container is not launcher:
                 assert "runAsUser" not in container.get("securityContext", {}), container["name"]
+
+
+def test_the_cluster_overlay_adds_the_operators_clusters_and_points_the_services_at_them(objects):
+    """deploy/k8s-cluster: the base unchanged but for its two URLs, plus a RabbitmqCluster of
+    three nodes that pause when cut off and a CloudNativePG Cluster with a synchronous standby
+    (what tests/cluster measured: without one, a failover forgets acknowledged work)."""
+    built = subprocess.run([shutil.which("kubectl") or "kubectl", "kustomize", str(K8S.parent / "k8s-cluster")],
+                           capture_output=True, text=True, check=True).stdout
+    overlay = list(yaml.safe_load_all(built))
+    added = {identity(o) for o in overlay} - {identity(o) for o in objects}
+    assert {kind for kind, *_ in added} == {"RabbitmqCluster", "Cluster"}, added
+    [rabbitmq] = [o for o in overlay if o["kind"] == "RabbitmqCluster"]
+    [postgres] = [o for o in overlay if o["kind"] == "Cluster"]
+    assert rabbitmq["spec"]["replicas"] == 3
+    assert "cluster_partition_handling = pause_minority" in rabbitmq["spec"]["rabbitmq"]["additionalConfig"]
+    assert postgres["apiVersion"].startswith("postgresql.cnpg.io/") and postgres["spec"]["instances"] >= 2
+    assert postgres["spec"]["minSyncReplicas"] >= 1
+    settings = of_kind(overlay, "ConfigMap")["signoff-settings"]["data"]
+    assert settings["SIGNOFF_RABBITMQ_URL"] == f"amqp://{rabbitmq['metadata']['name']}:5672/"
+    assert settings["SIGNOFF_DATABASE_URL"].startswith(f"postgresql://{postgres['metadata']['name']}-rw:5432/")
+    base = of_kind(objects, "ConfigMap")["signoff-settings"]["data"]
+    assert {k: v for k, v in settings.items() if not k.endswith("_URL")} == {
+        k: v for k, v in base.items() if not k.endswith("_URL")}
+    assert all(o["metadata"].get("namespace") == "signoff" for o in overlay if o["kind"] != "Namespace")
