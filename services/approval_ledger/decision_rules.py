@@ -7,7 +7,8 @@
   if any, authorizes a later call (`grant_covering`).
 
 No I/O, no clock, no randomness: the ledger loads what these read and records what
-they decide. Not yet wired into the ledger's handlers (see NOTES-rules.md).
+they decide. `verdict` and `judge_edit` are wired into the ledger; the grants are not yet
+(docs/notes/rules.md, docs/notes/wire.md).
 """
 
 from __future__ import annotations

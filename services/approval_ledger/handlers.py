@@ -424,7 +424,7 @@ def _edit(
         return request
     if request.approvals:
         # Approvals already counted were given for other arguments; the count would have to
-        # restart, which the ledger cannot record yet (NOTES-wire.md): refused, nothing runs.
+        # restart, which the ledger cannot record yet (docs/notes/wire.md): refused, nothing runs.
         return domain.Refusal(
             "edit_after_approvals",
             f"{request.tool!r} already has approvals for the arguments as shown; an edit must come first.",
