@@ -803,6 +803,12 @@ MUTATIONS = [
    "        stored.provider_calls + len(spent_now),",
    "        stored.provider_calls,",
    "tests/unit/test_ledger_rules.py::test_a_turns_spend_counts_the_provider_attempts_and_tokens_the_transition_at_hand_records"),
+  ("the ledger's held-back claim gives way silently to an executor's that came between its read and commit",
+   "services/approval_ledger/store_postgres.py",
+   "                parts.append(sql.insert(TABLES[name], rows))",
+   '                parts.append(sql.insert(TABLES[name], rows) + (" ON CONFLICT DO NOTHING" if name == "execution_claims" else ""))',
+   "tests/integration/test_ledger_store_contract.py::"
+   "test_an_executor_claiming_between_hold_backs_read_and_its_commit_fails_the_commit_and_the_retry_finds_its_claim[postgres]"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
