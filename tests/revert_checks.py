@@ -136,7 +136,7 @@ MUTATIONS = [
    "    pass",
    "tests/integration/test_lifetimes.py::test_an_unanswered_request_is_escalated_once_and_the_escalation_group_may_then_approve"),
   ("no retention sweep: sent outbox and old inbox rows are kept forever", "services/approval_ledger/main.py",
-   "            sweep_forever(engine, retention, settings.retention_sweep_seconds),",
+   "            sweep_forever(partial(sweep_once, engine, retention), settings.retention_sweep_seconds),",
    "            asyncio.sleep(0),",
    "tests/integration/test_lifetimes.py::test_sent_outbox_rows_inbox_rows_and_delivered_hooks_are_deleted_after_their_retention"),
   ("the model step carries the whole transcript again (bytes per step grow with the session)",
@@ -293,7 +293,7 @@ MUTATIONS = [
    "",
    "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
   ("audit: the global chain links up to the newest transaction, not below the oldest running one",
-   "services/approval_ledger/audit.py",
+   "shared/ledger/audit_chain.py",
    "pg_snapshot_xmin(pg_current_snapshot())",
    "pg_snapshot_xmax(pg_current_snapshot())",
    "tests/integration/test_audit_log.py::test_entries_of_a_transaction_held_open_while_later_ones_are_linked_join_the_global_chain_after_it"),
@@ -809,6 +809,12 @@ MUTATIONS = [
    '                parts.append(sql.insert(TABLES[name], rows) + (" ON CONFLICT DO NOTHING" if name == "execution_claims" else ""))',
    "tests/integration/test_ledger_store_contract.py::"
    "test_an_executor_claiming_between_hold_backs_read_and_its_commit_fails_the_commit_and_the_retry_finds_its_claim[postgres]"),
+  ("a module outside shared/ledger/ and the ledger's adapters queries the database itself again",
+   "services/approval_ledger/backlog.py",
+   "from shared.ledger.backlog import Backlog\n",
+   "from sqlalchemy import func  # noqa: F401\n\nfrom shared.ledger.backlog import Backlog\n",
+   "tests/unit/test_ledger_storage_boundary.py::"
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
