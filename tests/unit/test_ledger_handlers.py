@@ -24,7 +24,7 @@ from services.approval_ledger.store_memory import MemoryDatabase
 from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
-from shared.dead_letters import ParkedMessage
+from shared.dead_letters import UNPROVEN, ParkedMessage
 from shared.keyring import Channel
 from shared.messages import (
     CancelTurn,
@@ -1065,3 +1065,152 @@ async def test_a_parked_message_naming_no_valid_session_changes_nothing(rig):
         message = dataclasses.replace(parked(rig, "step.requested", step_id=step_id), session_id=session_id)
         await handlers.message_parked(rig.ledger, message)
     assert len(rig.database.rows("outbox")) == before
+
+
+async def test_a_response_is_refused_from_another_channels_broker_user_and_counts_from_its_own(rig):
+    requested = await rig.ask(title="Hi")
+    rig.ledger.check_senders = True
+    # Signed with chat's key: refused from the inbox channel's broker user, counted from chat's.
+    for user in ("unit.channel.inbox", "unit.channel.chat"):
+        token = sender.set(user)
+        try:
+            await rig.respond(requested)
+        finally:
+            sender.reset(token)
+    assert rig.rejected() == ["wrong_channel"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+    numbered(rig)
+
+
+async def test_a_response_naming_another_sessions_request_is_refused_as_unknown_request(rig):
+    requested = await rig.ask(title="Hi")
+    other = mint("ses")
+    await handlers.start_turn(rig.ledger, StartTurn(session_id=other, text="hi", started_by="ann"))
+    response = rig.response(requested).model_copy(update={"session_id": other})
+    response = response.model_copy(update={"signature": sign(CHANNEL_KEY, response.signed_part())})
+    await handlers.respond_to_approval(rig.ledger, response)
+    assert [e["reason_code"] for e in rig.events("message.rejected")] == ["unknown_request"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "pending"
+
+
+async def test_a_response_after_the_requests_deadline_is_refused_before_any_sweep_closed_it(rig):
+    rig.ledger.approval_timeout = 0.001
+    requested = await rig.ask(title="Hi")
+    await rig.respond(requested)
+    assert rig.rejected() == ["expired"]
+    assert rig.events("tool.execute") == []
+    numbered(rig)
+
+
+async def test_an_approval_without_a_message_tells_the_model_nothing_more_and_runs_in_answer_to_it(rig):
+    requested = await rig.ask(title="Hi")
+    before = rig.session()["updated_at"]
+    response = await rig.respond(requested)
+    [decision] = rig.rows("decisions", request_id=requested["request_id"])
+    assert decision["message"] == ""
+    assert rig.last("tool.execute")["causation_id"] == response.message_id
+    assert rig.session()["updated_at"] > before
+    numbered(rig)
+
+
+async def test_a_session_waiting_on_two_requests_still_waits_when_one_is_decided_or_expires(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("publish_post", "p1", title="a"), call("count", "p2"))
+    first, second = rig.events("approval.requested")
+    await rig.respond(first, "deny")
+    assert rig.session()["status"] == "waiting"
+    rig.database.tables["approval_requests"][(second["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    other = Rig()
+    step_id = await other.start()
+    await other.report(step_id, call("publish_post", "p1", title="a"), call("count", "p2"))
+    first, second = other.events("approval.requested")
+    other.database.tables["approval_requests"][(first["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    assert await handlers.expire_request(other.ledger, first["request_id"], other.session_id)
+    assert other.session()["status"] == "waiting"
+    assert len(other.events("step.requested")) == 1
+
+
+async def test_a_parked_execution_closes_the_running_call_as_cancelled_by_signoff(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    await handlers.message_parked(rig.ledger, parked(rig, "tool.execute", call_id=execute["call_id"]))
+    [closure] = rig.rows("closures", call_id=execute["call_id"])
+    assert closure["reason_text"].startswith("Cancelled by signoff: tool.execute ")
+
+
+async def test_an_expiry_and_an_escalation_touch_the_session(rig):
+    requested = await rig.ask(tool="deploy")
+    before = rig.session()["updated_at"]
+    assert await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    rig.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    assert await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
+    assert rig.session()["updated_at"] > before
+    numbered(rig)
+
+
+async def test_a_cancel_naming_another_turn_is_refused_as_unknown_turn_and_a_refusal_is_numbered(rig):
+    await rig.start()
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann", turn_id=mint("trn")))
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="mallory"))
+    assert rig.rejected() == ["unknown_turn", "may_not_cancel"]
+    assert rig.session()["status"] == "running"
+    numbered(rig)
+
+
+async def test_a_cancel_closes_only_the_open_calls_holds_back_only_the_running_and_answers_the_command(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("publish_post", "p1", title="a"), call("read_clock", "p2"))
+    requested, execute = rig.last("approval.requested"), rig.last("tool.execute")
+    rig.claim(execute, output="12:00")
+    await rig.executed(execute)
+    command = CancelTurn(session_id=rig.session_id, cancelled_by="ann")
+    await handlers.cancel_turn(rig.ledger, command)
+    assert [c["kind"] for c in rig.rows("closures", call_id=execute["call_id"])] == ["output"]
+    assert [c["kind"] for c in rig.rows("closures", call_id=requested["call_id"])] == ["cancelled"]
+    assert rig.rows("execution_claims", call_id=requested["call_id"]) == []
+    cancelled = rig.last("turn.cancelled")
+    assert (cancelled["causation_id"], cancelled["turn_id"]) == (command.message_id, rig.rows("turns")[0]["id"])
+    numbered(rig)
+
+
+async def test_cancelling_a_running_read_closes_it_as_cancelled_and_a_running_outward_call_alerts_naming_it(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    rig.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rows("closures", call_id=execute["call_id"])[0]["kind"] == "cancelled"
+    assert rig.events("operator.alerted") == []
+    other = Rig()
+    requested = await other.ask(title="Hi")
+    await other.respond(requested)
+    execute = other.last("tool.execute")
+    other.claim(execute)
+    other.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    await handlers.cancel_turn(other.ledger, CancelTurn(session_id=other.session_id, cancelled_by="ann"))
+    alerted = other.last("operator.alerted")
+    assert (alerted["call_id"], alerted["tool"]) == (execute["call_id"], "publish_post")
+    numbered(other)
+
+
+async def test_a_bounded_turn_is_logged_with_its_turn_session_and_bound(caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    rig = Rig(turn_bounds=domain.TurnBounds(steps=1))
+    step_id = await rig.start()
+    await rig.report(step_id, call("no_such_tool"))
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert f"turn {turn['id']} of session {rig.session_id} ended at its bound: steps" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+async def test_a_parked_copy_nothing_proves_is_logged_as_unproven(caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    rig = Rig()
+    await rig.start()
+    rig.ledger.check_senders = True
+    message = parked(rig, "step.requested", step_id=rig.last("step.requested")["step_id"])
+    await handlers.message_parked(rig.ledger, message)
+    assert any(f"is not acted on: {UNPROVEN} (" in r.getMessage() for r in caplog.records)
