@@ -155,6 +155,11 @@ class Rig:
         await handlers.tool_executed(self.ledger, report)
         return report
 
+    def overdue(self, requested: dict) -> None:
+        """The request's deadline an hour ago: well past, whatever the wall clock did since
+        (a 1 ms deadline failed under load when the machine's clock stepped back)."""
+        self.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
+
     def rejected(self) -> list[str]:
         return [e["reason_code"] for e in self.events("message.rejected")]
 
@@ -563,8 +568,8 @@ async def test_a_model_step_running_when_its_turn_is_cancelled_is_discarded_when
 
 
 async def test_a_request_past_its_deadline_closes_as_expired_once(rig):
-    rig.ledger.approval_timeout = 0.001
     requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
     [(request_id, session_id)] = await _due(rig, "due_requests")
     assert await handlers.expire_request(rig.ledger, request_id, session_id)
     assert not await handlers.expire_request(rig.ledger, request_id, session_id)
@@ -947,8 +952,8 @@ async def test_a_stale_report_and_a_second_step_report_are_logged_as_ignored(rig
 
 
 async def test_a_request_expires_without_a_cause_its_event_saying_when_and_the_step_resumes_in_its_turn(rig):
-    rig.ledger.approval_timeout = 0.001
     requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
     assert await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
     [request] = rig.rows("approval_requests", id=requested["request_id"])
     expired = rig.last("approval.expired")
@@ -1094,8 +1099,8 @@ async def test_a_response_naming_another_sessions_request_is_refused_as_unknown_
 
 
 async def test_a_response_after_the_requests_deadline_is_refused_before_any_sweep_closed_it(rig):
-    rig.ledger.approval_timeout = 0.001
     requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
     await rig.respond(requested)
     assert rig.rejected() == ["expired"]
     assert rig.events("tool.execute") == []
@@ -1119,12 +1124,12 @@ async def test_a_session_waiting_on_two_requests_still_waits_when_one_is_decided
     first, second = rig.events("approval.requested")
     await rig.respond(first, "deny")
     assert rig.session()["status"] == "waiting"
-    rig.database.tables["approval_requests"][(second["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    rig.database.tables["approval_requests"][(second["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
     other = Rig()
     step_id = await other.start()
     await other.report(step_id, call("publish_post", "p1", title="a"), call("count", "p2"))
     first, second = other.events("approval.requested")
-    other.database.tables["approval_requests"][(first["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    other.database.tables["approval_requests"][(first["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
     assert await handlers.expire_request(other.ledger, first["request_id"], other.session_id)
     assert other.session()["status"] == "waiting"
     assert len(other.events("step.requested")) == 1
@@ -1143,7 +1148,7 @@ async def test_an_expiry_and_an_escalation_touch_the_session(rig):
     requested = await rig.ask(tool="deploy")
     before = rig.session()["updated_at"]
     assert await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
-    rig.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(seconds=1)
+    rig.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
     assert await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
     assert rig.session()["updated_at"] > before
     numbered(rig)
