@@ -31,10 +31,10 @@ import aio_pika
 import aiormq
 import httpx
 
-from services.approval_ledger.backlog import Backlog, measure
 from services.warm_start import SERVICES
 from shared.amqp_hosts import hosts_of, split_hosts
 from shared.catalogue import load_catalogue
+from shared.ledger.backlog import Backlog, measure
 from shared.ledger.database import create_engine
 from shared.messages import now
 from shared.observability import know_tools

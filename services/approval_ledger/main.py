@@ -9,7 +9,10 @@ from functools import partial
 from pydantic import TypeAdapter
 
 from shared.catalogue import load_catalogue
+from shared.ledger.audit_chain import link_once
+from shared.ledger.backlog import measure
 from shared.ledger.database import create_engine, database_reachable, migrate, notify_channel
+from shared.ledger.retention import Retention, sweep_once
 from shared.messages import CancelTurn, ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
 from shared.observability import know_tools
 from shared.runtime import prepare
@@ -22,7 +25,7 @@ from .backlog import measure_forever
 from .domain import TurnBounds
 from .group_commit import GroupCommit
 from .handlers import Ledger
-from .retention import Retention, sweep_forever
+from .retention import sweep_forever
 from .store_database import database_store, writers
 
 # The ledger's PostgreSQL pool: one connection per group-commit lane, the rest for
@@ -87,9 +90,9 @@ async def run(settings: Settings) -> None:
     async def sweeps() -> None:
         await asyncio.gather(
             handlers.sweep_expired_requests(ledger, settings.expiry_sweep_seconds),
-            sweep_forever(engine, retention, settings.retention_sweep_seconds),
-            *([measure_forever(engine, BACKLOG_SECONDS)] if settings.metrics_port else []),
-            link_forever(engine, settings.audit_link_seconds),
+            sweep_forever(partial(sweep_once, engine, retention), settings.retention_sweep_seconds),
+            *([measure_forever(partial(measure, engine), BACKLOG_SECONDS)] if settings.metrics_port else []),
+            link_forever(partial(link_once, engine), settings.audit_link_seconds),
         )
 
     try:

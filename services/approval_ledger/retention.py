@@ -1,103 +1,21 @@
-"""Nothing is kept forever: sent outbox rows, inbox rows past the redelivery horizon
-and delivered or given-up hook rows are deleted after their retention, in small batches.
-
-Each batch is one statement on rows nothing will read again: a sweep killed
-half-way and run again deletes the rest, and one running on every ledger replica
-at once only does the same work twice. Inbox rows are the ledger's memory of what
-it applied (invariant 8): past the horizon a redelivery of such a message would be
-applied again, so the horizon must exceed how long a message can wait in a queue
-after it was applied (seconds, in practice: the redelivery after a crash between
-commit and ack).
-
-The audit log (`audit_log`, `audit_chain`) is never swept: it is the record, and on
-PostgreSQL the ledger's role may not delete from it anyway (shared/provisioning.py).
-"""
+"""Nothing is kept forever: the ledger deletes what is past its retention on a timer
+(what goes, and why the inbox's horizon must exceed a redelivery's wait, is
+shared/ledger/retention.py's). Any ledger replica may run it: each batch is one
+statement on rows nothing will read again."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
-
-from sqlalchemy import bindparam, delete, or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.elements import BindParameter
-
-from shared.ledger.tables import TABLES
-from shared.messages import now
+from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("signoff.ledger")
-OUTBOX, INBOX, HOOKS = TABLES["outbox"], TABLES["inbox"], TABLES["hook_deliveries"]
-BATCH = 500
-_CUT: BindParameter[Any] = bindparam("cut")
-_LIMIT: BindParameter[Any] = bindparam("limit")
-# (what, statement): each deletes one batch of rows past their time.
-_SWEEPS = (
-    (
-        "sent outbox rows",
-        delete(OUTBOX).where(
-            OUTBOX.c.id.in_(
-                select(OUTBOX.c.id)
-                .where(OUTBOX.c.sent_at.is_not(None), OUTBOX.c.sent_at < _CUT)
-                .limit(_LIMIT)
-                .scalar_subquery()
-            )
-        ),
-    ),
-    (
-        "inbox rows",
-        delete(INBOX).where(
-            INBOX.c.message_id.in_(
-                select(INBOX.c.message_id).where(INBOX.c.received_at < _CUT).limit(_LIMIT).scalar_subquery()
-            )
-        ),
-    ),
-    (
-        "delivered or given-up hook rows",
-        delete(HOOKS).where(
-            HOOKS.c.id.in_(
-                select(HOOKS.c.id)
-                .where(or_(HOOKS.c.delivered_at < _CUT, HOOKS.c.given_up_at < _CUT))
-                .limit(_LIMIT)
-                .scalar_subquery()
-            )
-        ),
-    ),
-)
 
 
-@dataclass(frozen=True)
-class Retention:
-    outbox: timedelta
-    inbox: timedelta
-    hooks: timedelta
-
-    def cutoffs(self) -> tuple[timedelta, ...]:
-        return (self.outbox, self.inbox, self.hooks)
-
-
-async def sweep_once(engine: AsyncEngine, retention: Retention) -> dict[str, int]:
-    """Delete what is past its retention; how many rows of each kind went."""
-    deleted = {}
-    at = now()
-    for (what, statement), keep in zip(_SWEEPS, retention.cutoffs(), strict=True):
-        total = 0
-        while True:
-            async with engine.begin() as conn:
-                gone = (await conn.execute(statement, {"cut": at - keep, "limit": BATCH})).rowcount
-            total += gone
-            if gone < BATCH:
-                break
-        deleted[what] = total
-    return deleted
-
-
-async def sweep_forever(engine: AsyncEngine, retention: Retention, every: float) -> None:
+async def sweep_forever(sweep_once: Callable[[], Awaitable[dict[str, int]]], every: float) -> None:
     while True:
         try:
-            deleted = await sweep_once(engine, retention)
+            deleted = await sweep_once()
             if any(deleted.values()):
                 log.info("retention: deleted %s", ", ".join(f"{n} {what}" for what, n in deleted.items() if n))
         except Exception:

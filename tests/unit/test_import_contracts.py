@@ -52,7 +52,8 @@ def test_no_module_imports_itself_through_others(graph):
 OPERATOR_TOOLS = {
     "services.cli": {"services.gateway.programs", "services.gateway.users", "services.gateway.settings"},
     "services.console": {"services.approval_ledger.domain", "services.gateway.users", "services.gateway.settings"},
-    "services.status": {"services.approval_ledger.backlog"},
+    # Its backlog measurement is the ledger's query in shared/ledger/backlog.py: nothing of a service.
+    "services.status": set(),
 }
 
 

@@ -9,6 +9,7 @@ and crash tests; the stores' likeness is tests/integration/test_ledger_store_con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 from functools import partial
@@ -23,7 +24,7 @@ from services.approval_ledger.store_memory import MemoryDatabase
 from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
-from shared.dead_letters import ParkedMessage
+from shared.dead_letters import UNPROVEN, ParkedMessage
 from shared.keyring import Channel
 from shared.messages import (
     CancelTurn,
@@ -153,6 +154,11 @@ class Rig:
         report = ToolExecuted(session_id=self.session_id, call_id=execute["call_id"], outcome=outcome)
         await handlers.tool_executed(self.ledger, report)
         return report
+
+    def overdue(self, requested: dict) -> None:
+        """The request's deadline an hour ago: well past, whatever the wall clock did since
+        (a 1 ms deadline failed under load when the machine's clock stepped back)."""
+        self.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
 
     def rejected(self) -> list[str]:
         return [e["reason_code"] for e in self.events("message.rejected")]
@@ -562,8 +568,8 @@ async def test_a_model_step_running_when_its_turn_is_cancelled_is_discarded_when
 
 
 async def test_a_request_past_its_deadline_closes_as_expired_once(rig):
-    rig.ledger.approval_timeout = 0.001
     requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
     [(request_id, session_id)] = await _due(rig, "due_requests")
     assert await handlers.expire_request(rig.ledger, request_id, session_id)
     assert not await handlers.expire_request(rig.ledger, request_id, session_id)
@@ -748,3 +754,468 @@ async def test_a_refused_report_of_a_known_session_is_chained_and_numbered_in_th
     [entry] = rig.rows("audit_log", kind="message.rejected")
     assert entry["session_seq"] == before["audit_seq"] + 1
     assert rig.session()["audit_hash"] == entry["hash"]
+
+
+# --- what each transition leaves, field by field ----------------------------------------
+
+
+def numbered(rig: Rig) -> None:
+    """Every event of the session carries the next sequence number, and every audit entry
+    the next number of the session's chain, each chained to the one before."""
+    bodies = [json.loads(r["body"]) for r in rig.database.rows("outbox") if r["session_id"] == rig.session_id]
+    assert [b.get("sequence") for b in bodies] == list(range(1, len(bodies) + 1))
+    entries = sorted(rig.rows("audit_log", session_id=rig.session_id), key=lambda e: e["session_seq"])
+    assert [e["session_seq"] for e in entries] == list(range(1, len(entries) + 1))
+    session = rig.session()
+    assert (session["event_seq"], session["audit_seq"]) == (len(bodies), len(entries))
+    assert session["audit_hash"] == entries[-1]["hash"]
+
+
+def audited(rig: Rig, kind: str, **where) -> dict:
+    [entry] = [e for e in rig.rows("audit_log", kind=kind) if all(e["detail"].get(k) == v for k, v in where.items())]
+    return entry
+
+
+async def test_a_turns_start_is_audited_with_its_starter_and_a_digest_of_its_words(rig):
+    before = now()
+    await rig.start("hello there", started_by="ann")
+    [row] = rig.rows("turns", session_id=rig.session_id)
+    entry = audited(rig, "turn.started")
+    assert (entry["subject"], entry["actor"], entry["detail"]) == (row["id"], "ann", {"text_digest": digest_of("hello there")})
+    assert rig.session()["updated_at"] >= before
+    [entry] = rig.rows("transcript", session_id=rig.session_id)
+    assert entry["entry"]["role"] == "user"
+    numbered(rig)
+
+
+async def test_each_proposed_call_is_audited_with_the_ledgers_digest_and_its_plan():
+    rig = Rig()
+    step_id = await rig.start()
+    report = await rig.report(step_id, call("publish_post", "p1", title="a"), call("read_clock", "p2"),
+                              call("no_such_tool", "p3"))
+    calls = {c["provider_call_id"]: c for c in rig.rows("tool_calls", session_id=rig.session_id)}
+    for provider_call_id, plan, reason_code in (("p1", "ask", None), ("p2", "run", None), ("p3", "close", "unknown_tool")):
+        row = calls[provider_call_id]
+        entry = rig.rows("audit_log", kind="call.proposed", subject=row["id"])[0]
+        spec = CATALOGUE.get(row["tool"])
+        version = spec.version if spec else ""
+        assert (entry["actor"], entry["message_id"]) == ("model", report.message_id)
+        assert entry["detail"]["plan"] == plan and entry["detail"]["reason_code"] == reason_code
+        assert entry["detail"]["tool"] == row["tool"]
+        assert entry["detail"]["call_digest"] == AUTHORITY.digest(row["id"], row["tool"], version, row["arguments"])
+    assert audited(rig, "call.proposed", plan="ask")["detail"]["reason"] is not None
+    assert [calls[p]["position"] for p in ("p1", "p2", "p3")] == [0, 1, 2]
+    step = rig.rows("steps", id=step_id)[0]
+    for row in calls.values():
+        assert (row["step_id"], row["session_id"]) == (step_id, rig.session_id)
+        assert row["id"].startswith("call_") and row["idempotency_key"].startswith("idk_")
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"]) == (calls["p3"]["id"], report.message_id)
+    assert step["status"] == "completed"
+    numbered(rig)
+
+
+async def test_a_request_keeps_its_deadline_escalation_time_attempt_run_and_the_ledgers_seal():
+    rig = Rig(approval_timeout=600.0)
+    step_id = await rig.start()
+    attempts = [ProviderAttempt(number=1, status="failed", provider="scripted"),
+                ProviderAttempt(number=2, status="completed", provider="scripted")]
+    await rig.report(step_id, call("deploy", "p1"), attempts=attempts)
+    requested = rig.last("approval.requested")
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    created = request["created_at"]
+    assert request["expires_at"] == created + timedelta(seconds=600)
+    assert request["escalate_at"] == created + timedelta(seconds=60)
+    assert (request["attempt"], request["run_id"]) == (2, rig.ledger.run_id)
+    [row] = rig.rows("tool_calls", id=requested["call_id"])
+    assert request["call_seal"] == AUTHORITY.seal_request(
+        request["id"], row["id"], rig.session_id, "deploy", {}
+    )
+    assert request["args_digest"] == AUTHORITY.digest(request["id"], "deploy", CATALOGUE.get("deploy").version, {})
+    assert (requested["turn_id"], requested["step_id"]) == (request["turn_id"], step_id)
+    numbered(rig)
+
+
+async def test_a_decision_is_announced_with_its_reason_and_responder_and_the_step_resumes_in_its_turn(rig):
+    requested = await rig.ask(title="Hi")
+    response = await rig.respond(requested, "deny", reason="not today")
+    decided = rig.last("approval.decided")
+    assert (decided["request_id"], decided["call_id"], decided["causation_id"]) == (
+        requested["request_id"], requested["call_id"], response.message_id,
+    )
+    assert (decided["decision"], decided["reason"], decided["responder"]) == ("deny", "not today", "alice")
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"], closed["kind"]) == (
+        requested["call_id"], response.message_id, "denied",
+    )
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    [_, later] = sorted(rig.rows("steps", session_id=rig.session_id), key=lambda s: s["created_at"])
+    assert later["turn_id"] == turn["id"]
+    assert rig.last("step.requested")["causation_id"] == response.message_id
+    numbered(rig)
+
+
+async def test_an_altered_call_is_closed_in_answer_to_the_response_and_its_operator_alert_names_it(rig, caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    requested = await rig.ask(title="Hi")
+    rig.database.tables["tool_calls"][(requested["call_id"],)]["arguments"] = {"title": "Bye"}
+    before = rig.session()["updated_at"]
+    response = await rig.respond(requested)
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"], closed["reason_code"]) == (
+        requested["call_id"], response.message_id, "altered",
+    )
+    alerted = rig.last("operator.alerted")
+    assert (alerted["call_id"], alerted["tool"], alerted["causation_id"]) == (
+        requested["call_id"], "publish_post", response.message_id,
+    )
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert rig.rows("steps", session_id=rig.session_id)[-1]["turn_id"] == turn["id"]
+    assert len(rig.events("step.requested")) == 2
+    assert rig.session()["updated_at"] > before
+    assert (f"call {requested['call_id']}: its arguments on record differ from the ones approved in "
+            f"{requested['request_id']}") in [r.getMessage() for r in caplog.records]
+    numbered(rig)
+
+
+async def test_an_execution_refusal_is_numbered_in_its_session_and_logged(rig, caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    await rig.start()
+    refusal = RefuseExecution(
+        session_id=rig.session_id, call_id=mint("call"), tool="read_clock", reason_code="bad_seal", reason_text="no"
+    )
+    await handlers.execution_refused(rig.ledger, refusal)
+    numbered(rig)
+    assert f"the executor refused call {refusal.call_id}: bad_seal" in [r.getMessage() for r in caplog.records]
+
+
+async def test_a_tool_result_closes_its_call_in_answer_to_the_report_and_the_step_resumes_in_its_turn(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute, output="12:00")
+    before = rig.session()["updated_at"]
+    report = await rig.executed(execute)
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"]) == (execute["call_id"], report.message_id)
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert rig.rows("steps", session_id=rig.session_id)[-1]["turn_id"] == turn["id"]
+    assert rig.last("step.requested")["causation_id"] == report.message_id
+    assert rig.session()["updated_at"] > before
+    numbered(rig)
+
+
+async def test_an_outcome_unknown_result_alerts_an_operator_naming_the_call_in_answer_to_the_report(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute, outcome="outcome_unknown", error="it stopped")
+    report = await rig.executed(execute, outcome="outcome_unknown")
+    alerted = rig.last("operator.alerted")
+    assert (alerted["call_id"], alerted["tool"], alerted["causation_id"]) == (
+        execute["call_id"], "read_clock", report.message_id,
+    )
+    assert audited(rig, "execution.finished")["detail"]["error_digest"] == digest_of("it stopped")
+    numbered(rig)
+
+
+async def test_a_refused_tool_report_alerts_an_operator_with_why_and_is_logged(rig, caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    rig.database.tables["execution_claims"][(execute["call_id"],)]["authorization"] = "forged"
+    report = await rig.executed(execute)
+    alerted = rig.last("operator.alerted")
+    assert (alerted["call_id"], alerted["causation_id"], alerted["reason_code"]) == (
+        execute["call_id"], report.message_id, "not_claimed",
+    )
+    assert alerted["reason_text"].startswith("A tool.completed was refused: ")
+    assert f"refused a report for call {execute['call_id']}: not_claimed" in [r.getMessage() for r in caplog.records]
+    assert rig.rows("closures") == []
+    numbered(rig)
+
+
+async def test_a_stale_report_and_a_second_step_report_are_logged_as_ignored(rig, caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    await rig.executed(execute)
+    await rig.report(step_id, text="again")
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"ignored a report for call {execute['call_id']} in status closed" in lines
+    assert f"discarded a second report for step {step_id}" in lines
+
+
+async def test_a_request_expires_without_a_cause_its_event_saying_when_and_the_step_resumes_in_its_turn(rig):
+    requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
+    assert await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    expired = rig.last("approval.expired")
+    assert (expired["request_id"], expired["call_id"]) == (requested["request_id"], requested["call_id"])
+    assert expired["expired_at"] == request["expires_at"].isoformat().replace("+00:00", "Z") or expired[
+        "expired_at"] == request["expires_at"].isoformat()
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"], closed["kind"]) == (requested["call_id"], None, "expired")
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert rig.rows("steps", session_id=rig.session_id)[-1]["turn_id"] == turn["id"]
+    assert rig.last("step.requested")["causation_id"] is None
+    numbered(rig)
+
+
+async def test_an_escalation_is_numbered_in_its_session(rig):
+    requested = await rig.ask(tool="deploy")
+    assert await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    escalated = rig.last("approval.escalated")
+    assert (escalated["request_id"], escalated["session_id"]) == (requested["request_id"], rig.session_id)
+    numbered(rig)
+
+
+async def test_a_turn_bounded_by_the_tokens_this_transition_spent_ends_in_answer_to_its_report():
+    from shared.observability import TURNS_BOUNDED
+
+    rig = Rig(turn_bounds=domain.TurnBounds(steps=0, tokens=10))
+    counted = TURNS_BOUNDED.labels("tokens")._value.get()
+    step_id = await rig.start()
+    usage = Usage(input_tokens=6, output_tokens=4)
+    report = await rig.report(
+        step_id, call("no_such_tool"),
+        attempts=[ProviderAttempt(number=1, status="completed", provider="scripted", usage=usage)],
+    )
+    failed = rig.last("turn.failed")
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (failed["reason_code"], failed["turn_id"], failed["causation_id"]) == (
+        domain.STEP_LIMIT, turn["id"], report.message_id,
+    )
+    assert "10 provider tokens" in failed["reason_text"]
+    alerted = rig.last("operator.alerted")
+    assert (alerted["turn_id"], alerted["call_id"], alerted["causation_id"]) == (turn["id"], None, report.message_id)
+    assert TURNS_BOUNDED.labels("tokens")._value.get() == counted + 1
+    assert len(rig.events("step.requested")) == 1
+    assert rig.rows("transcript", session_id=rig.session_id)[-1]["entry"]["role"] == "tool"
+    numbered(rig)
+
+
+async def test_a_cancelled_turn_writes_its_calls_closures_for_the_models_next_turn(rig):
+    requested = await rig.ask(title="Hi")
+    command = CancelTurn(session_id=rig.session_id, cancelled_by="ann", reason="enough")
+    await handlers.cancel_turn(rig.ledger, command)
+    closed = rig.last("tool.closed")
+    assert (closed["call_id"], closed["causation_id"]) == (requested["call_id"], command.message_id)
+    entries = [r["entry"] for r in rig.rows("transcript", session_id=rig.session_id)]
+    assert entries[-1]["role"] == "tool" and "Cancelled by ann: enough" in json.dumps(entries[-1])
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (turn["status"], turn["ended_by"], turn["reason_text"]) == ("cancelled", "ann", "enough")
+    assert rig.rows("steps", session_id=rig.session_id)[0]["status"] == "completed"
+    numbered(rig)
+
+
+async def test_an_approver_of_a_pending_request_and_an_operator_may_cancel_and_the_escalation_group_once_escalated():
+    operators = ToolCatalogue.model_validate(
+        {**CATALOGUE.model_dump(mode="json", exclude_none=True), "groups": {"leads": ["lena"], "operators": ["olga"]}}
+    )
+    for canceller, escalate in (("alice", False), ("olga", False), ("lena", True)):
+        rig = Rig(catalogue=operators)
+        requested = await rig.ask(tool="deploy")
+        if escalate:
+            await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+        await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by=canceller))
+        assert rig.rejected() == [], canceller
+        assert rig.last("turn.cancelled")["cancelled_by"] == canceller
+    rig = Rig(catalogue=operators)
+    await rig.ask(tool="deploy")
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="lena"))
+    assert rig.rejected() == ["may_not_cancel"]
+
+
+async def test_a_parked_message_fails_the_turn_saying_which_message_and_why_and_is_logged(rig, caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    step_id = await rig.start()
+    message = parked(rig, "step.requested", step_id=step_id)
+    await handlers.message_parked(rig.ledger, message)
+    said = f"step.requested {message.message_id} was parked (delivery_limit): redelivered too often"
+    failed = rig.last("turn.failed")
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (failed["reason_text"], failed["turn_id"], failed.get("causation_id")) == (said, turn["id"], None)
+    assert turn["reason_text"] == said
+    assert rig.rows("steps", id=step_id)[0]["status"] == "cancelled"
+    assert f"turn {turn['id']} of session {rig.session_id} failed: {said}" in [r.getMessage() for r in caplog.records]
+    numbered(rig)
+
+
+async def test_a_parked_copy_nothing_proves_is_logged_and_changes_nothing(caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    rig = Rig()
+    await rig.start()
+    rig.ledger.check_senders = True
+    before = len(rig.database.rows("outbox"))
+    message = parked(rig, "step.requested", step_id=rig.last("step.requested")["step_id"])
+    await handlers.message_parked(rig.ledger, message)
+    assert len(rig.database.rows("outbox")) == before
+    assert any(line.startswith(f"a parked step.requested {message.message_id} is not acted on")
+               and line.endswith("(published to the dead letters by nobody named)")
+               for line in [r.getMessage() for r in caplog.records])
+
+
+async def test_a_parked_message_naming_no_valid_session_changes_nothing(rig):
+    await rig.start()
+    before = len(rig.database.rows("outbox"))
+    step_id = rig.last("step.requested")["step_id"]
+    for session_id in ("not an id!", mint("ses")):
+        message = dataclasses.replace(parked(rig, "step.requested", step_id=step_id), session_id=session_id)
+        await handlers.message_parked(rig.ledger, message)
+    assert len(rig.database.rows("outbox")) == before
+
+
+async def test_a_response_is_refused_from_another_channels_broker_user_and_counts_from_its_own(rig):
+    requested = await rig.ask(title="Hi")
+    rig.ledger.check_senders = True
+    # Signed with chat's key: refused from the inbox channel's broker user, counted from chat's.
+    for user in ("unit.channel.inbox", "unit.channel.chat"):
+        token = sender.set(user)
+        try:
+            await rig.respond(requested)
+        finally:
+            sender.reset(token)
+    assert rig.rejected() == ["wrong_channel"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+    numbered(rig)
+
+
+async def test_a_response_naming_another_sessions_request_is_refused_as_unknown_request(rig):
+    requested = await rig.ask(title="Hi")
+    other = mint("ses")
+    await handlers.start_turn(rig.ledger, StartTurn(session_id=other, text="hi", started_by="ann"))
+    response = rig.response(requested).model_copy(update={"session_id": other})
+    response = response.model_copy(update={"signature": sign(CHANNEL_KEY, response.signed_part())})
+    await handlers.respond_to_approval(rig.ledger, response)
+    assert [e["reason_code"] for e in rig.events("message.rejected")] == ["unknown_request"]
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "pending"
+
+
+async def test_a_response_after_the_requests_deadline_is_refused_before_any_sweep_closed_it(rig):
+    requested = await rig.ask(title="Hi")
+    rig.overdue(requested)
+    await rig.respond(requested)
+    assert rig.rejected() == ["expired"]
+    assert rig.events("tool.execute") == []
+    numbered(rig)
+
+
+async def test_an_approval_without_a_message_tells_the_model_nothing_more_and_runs_in_answer_to_it(rig):
+    requested = await rig.ask(title="Hi")
+    before = rig.session()["updated_at"]
+    response = await rig.respond(requested)
+    [decision] = rig.rows("decisions", request_id=requested["request_id"])
+    assert decision["message"] == ""
+    assert rig.last("tool.execute")["causation_id"] == response.message_id
+    assert rig.session()["updated_at"] > before
+    numbered(rig)
+
+
+async def test_a_session_waiting_on_two_requests_still_waits_when_one_is_decided_or_expires(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("publish_post", "p1", title="a"), call("count", "p2"))
+    first, second = rig.events("approval.requested")
+    await rig.respond(first, "deny")
+    assert rig.session()["status"] == "waiting"
+    rig.database.tables["approval_requests"][(second["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
+    other = Rig()
+    step_id = await other.start()
+    await other.report(step_id, call("publish_post", "p1", title="a"), call("count", "p2"))
+    first, second = other.events("approval.requested")
+    other.database.tables["approval_requests"][(first["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
+    assert await handlers.expire_request(other.ledger, first["request_id"], other.session_id)
+    assert other.session()["status"] == "waiting"
+    assert len(other.events("step.requested")) == 1
+
+
+async def test_a_parked_execution_closes_the_running_call_as_cancelled_by_signoff(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    await handlers.message_parked(rig.ledger, parked(rig, "tool.execute", call_id=execute["call_id"]))
+    [closure] = rig.rows("closures", call_id=execute["call_id"])
+    assert closure["reason_text"].startswith("Cancelled by signoff: tool.execute ")
+
+
+async def test_an_expiry_and_an_escalation_touch_the_session(rig):
+    requested = await rig.ask(tool="deploy")
+    before = rig.session()["updated_at"]
+    assert await handlers.escalate_request(rig.ledger, requested["request_id"], rig.session_id)
+    rig.database.tables["approval_requests"][(requested["request_id"],)]["expires_at"] = now() - timedelta(hours=1)
+    assert await handlers.expire_request(rig.ledger, requested["request_id"], rig.session_id)
+    assert rig.session()["updated_at"] > before
+    numbered(rig)
+
+
+async def test_a_cancel_naming_another_turn_is_refused_as_unknown_turn_and_a_refusal_is_numbered(rig):
+    await rig.start()
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann", turn_id=mint("trn")))
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="mallory"))
+    assert rig.rejected() == ["unknown_turn", "may_not_cancel"]
+    assert rig.session()["status"] == "running"
+    numbered(rig)
+
+
+async def test_a_cancel_closes_only_the_open_calls_holds_back_only_the_running_and_answers_the_command(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("publish_post", "p1", title="a"), call("read_clock", "p2"))
+    requested, execute = rig.last("approval.requested"), rig.last("tool.execute")
+    rig.claim(execute, output="12:00")
+    await rig.executed(execute)
+    command = CancelTurn(session_id=rig.session_id, cancelled_by="ann")
+    await handlers.cancel_turn(rig.ledger, command)
+    assert [c["kind"] for c in rig.rows("closures", call_id=execute["call_id"])] == ["output"]
+    assert [c["kind"] for c in rig.rows("closures", call_id=requested["call_id"])] == ["cancelled"]
+    assert rig.rows("execution_claims", call_id=requested["call_id"]) == []
+    cancelled = rig.last("turn.cancelled")
+    assert (cancelled["causation_id"], cancelled["turn_id"]) == (command.message_id, rig.rows("turns")[0]["id"])
+    numbered(rig)
+
+
+async def test_cancelling_a_running_read_closes_it_as_cancelled_and_a_running_outward_call_alerts_naming_it(rig):
+    step_id = await rig.start()
+    await rig.report(step_id, call("read_clock"))
+    execute = rig.last("tool.execute")
+    rig.claim(execute)
+    rig.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    await handlers.cancel_turn(rig.ledger, CancelTurn(session_id=rig.session_id, cancelled_by="ann"))
+    assert rig.rows("closures", call_id=execute["call_id"])[0]["kind"] == "cancelled"
+    assert rig.events("operator.alerted") == []
+    other = Rig()
+    requested = await other.ask(title="Hi")
+    await other.respond(requested)
+    execute = other.last("tool.execute")
+    other.claim(execute)
+    other.database.tables["execution_claims"][(execute["call_id"],)]["status"] = "claimed"
+    await handlers.cancel_turn(other.ledger, CancelTurn(session_id=other.session_id, cancelled_by="ann"))
+    alerted = other.last("operator.alerted")
+    assert (alerted["call_id"], alerted["tool"]) == (execute["call_id"], "publish_post")
+    numbered(other)
+
+
+async def test_a_bounded_turn_is_logged_with_its_turn_session_and_bound(caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    rig = Rig(turn_bounds=domain.TurnBounds(steps=1))
+    step_id = await rig.start()
+    await rig.report(step_id, call("no_such_tool"))
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert f"turn {turn['id']} of session {rig.session_id} ended at its bound: steps" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+async def test_a_parked_copy_nothing_proves_is_logged_as_unproven(caplog):
+    caplog.set_level("INFO", logger="signoff.ledger")
+    rig = Rig()
+    await rig.start()
+    rig.ledger.check_senders = True
+    message = parked(rig, "step.requested", step_id=rig.last("step.requested")["step_id"])
+    await handlers.message_parked(rig.ledger, message)
+    assert any(f"is not acted on: {UNPROVEN} (" in r.getMessage() for r in caplog.records)
