@@ -14,7 +14,7 @@ import hmac
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -543,6 +543,27 @@ def tally(policy: ApprovalPolicy, request: RequestOnRecord, decision: str) -> Ta
         return Tally(request.approvals, policy.approvals_required, decides=True)
     count = request.approvals + 1
     return Tally(count, policy.approvals_required, decides=count >= policy.approvals_required)
+
+
+def edited_version(
+    request: RequestOnRecord, args_digest: str, approvals_required: int, card: dict[str, Any] | None = None
+) -> RequestOnRecord:
+    """An approval whose edit changes the arguments makes a new version of the request,
+    and the count restarts: approvals of the version before were given for other
+    arguments and no longer count (the audit log keeps them), so every approver
+    approves the same edited version, the editor first; one who approved the version
+    before may approve this one (it is not the same approval twice). The edited
+    arguments' digest is the one an approval must now carry, and the count is what the
+    tool's rule decides for them, at least one (the editor's own approval is needed
+    even where the rule would ask nobody: a person chose these arguments)."""
+    return replace(
+        request,
+        args_digest=args_digest,
+        approvals=0,
+        approved_by_responder=False,
+        card=request.card if card is None else card,
+        approvals_required=max(1, approvals_required),
+    )
 
 
 def starters_of(session_started_by: str | None, turn_started_by: str | None) -> frozenset[str]:

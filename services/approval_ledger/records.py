@@ -616,3 +616,38 @@ async def resumption(
     for entry in resumed.entries:
         append(store, session, entry)
     await step_request(store, session, turn_id, catalogue, cause)
+
+
+def edited_card(
+    store: LedgerStore,
+    session: SessionState,
+    call: Call,
+    request: RequestOnRecord,
+    pending_request_ids: list[str],
+    cause: Envelope,
+    run_id: str,
+) -> None:
+    """An edit that leaves its request pending (the edited version needs more approvers):
+    the request is announced again as its edited version, an `approval.requested` like a
+    new request's, so a channel that only listens to events shows the edited card and the
+    digest an approval must now carry (the card before names arguments that no longer run:
+    its digest is refused, `digest_mismatch`). No response token: the one minted with the
+    request still counts once, and a pending edited version needs known people anyway."""
+    assert request.card is not None and request.approvals_required is not None
+    store.emit(
+        session,
+        ApprovalRequested(
+            session_id=session.id,
+            causation_id=_id_of(cause),
+            request_id=request.id,
+            call_id=call.id,
+            step_id=call.step_id,
+            card=ApprovalCard.model_validate(request.card),
+            args_digest=request.args_digest,
+            pending_request_ids=pending_request_ids,
+            approvals_required=request.approvals_required,
+            expires_at=request.expires_at,
+            turn_id=call.turn_id,
+            run_id=run_id,
+        ),
+    )

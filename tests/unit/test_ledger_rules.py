@@ -574,6 +574,34 @@ def test_one_denial_decides_whatever_approvals_came_before():
     assert domain.tally(FOUR_EYES, pending(), "deny") == domain.Tally(0, 2, decides=True)
 
 
+def test_an_edit_makes_a_new_version_whose_count_restarts_and_whose_digest_is_the_edited_arguments():
+    before = pending(approvals=1, approved_by_responder=True, approvals_required=2, card={"v": 1},
+                     starters=frozenset({"sam"}), escalated=True)
+    edited = domain.edited_version(before, "d2", 2, {"v": 2})
+    assert edited == pending(approvals_required=2, args_digest="d2", card={"v": 2}, starters=frozenset({"sam"}),
+                             escalated=True)
+    # The approval at hand is the first of the edited version, and one more is needed.
+    assert domain.tally(FOUR_EYES, edited, "approve") == domain.Tally(1, 2, decides=False)
+    assert domain.edited_version(before, "d2", 3).card == {"v": 1}
+
+
+def test_an_edit_needs_at_least_its_editors_approval_whatever_the_rule_says_for_the_edited_arguments():
+    assert domain.edited_version(pending(approvals_required=2), "d2", 0).approvals_required == 1
+    assert domain.edited_version(pending(), "d2", 1).approvals_required == 1
+    assert domain.edited_version(pending(), "d2", 3).approvals_required == 3
+
+
+def test_who_approved_the_version_before_an_edit_may_approve_the_edited_one_and_the_other_rules_still_hold():
+    before = pending(approvals=1, approved_by_responder=True, starters=frozenset({"sam"}))
+    assert who(FOUR_EYES, before) == "already_approved"
+    assert who(FOUR_EYES, domain.edited_version(before, "d2", 2)) is None
+    edited = domain.edited_version(before, "d2", 2)
+    four_eyes_separated = domain.ApprovalPolicy(starter_may_approve=False, approvals_required=2)
+    assert who(four_eyes_separated, edited, responder="sam") == "starter_may_not_approve"
+    assert who(APPROVERS, edited, responder="zed") == "not_an_approver"
+    assert who(FOUR_EYES, edited, responder="token:chat", token=TOKEN) == "anonymous_approval"
+
+
 def test_the_sessions_starter_is_whoever_started_its_first_turn_that_names_one():
     assert domain.session_starter(None, "sam") == "sam"
     assert domain.session_starter("sam", "tia") == "sam"
