@@ -593,11 +593,23 @@ def note_of(response: RespondToApproval, edit: str | None = None) -> Note | None
     return Note(response.responder, message) if message else None
 
 
+# How much of the edited arguments the model is told (the whole call is on the card and in the row).
+EDITED_CALL_CHARS = 1000
+
+
 def edit_of(card: Mapping[str, Any] | None) -> str | None:
-    """What the model is told of an edit on record on the card: who changed which arguments."""
+    """What the model is told of an edit on record on the card: who changed which arguments,
+    and the call as it was approved (its transcript keeps the call as the model proposed
+    it), as the card shows it: secrets hidden."""
     if not card or not card.get("edit"):
         return None
-    return f"{card.get('edited_by') or 'A person'} changed the arguments before approving: {card['edit']}"
+    approved = json.dumps(card.get("arguments"), ensure_ascii=False, sort_keys=True)
+    if len(approved) > EDITED_CALL_CHARS:
+        approved = approved[:EDITED_CALL_CHARS] + "…"
+    return (
+        f"{card.get('edited_by') or 'A person'} changed the arguments before approving: {card['edit']}. "
+        f"The call was approved with these arguments: {approved}"
+    )
 
 
 def closure_of_denial(reason: str) -> ClosureOnRecord:

@@ -172,6 +172,20 @@ def test_a_decision_with_a_message_yields_a_note_from_its_responder_and_one_with
     assert domain.note_of(silent) is None
 
 
+def test_the_model_is_told_who_changed_the_arguments_how_and_the_call_as_approved_with_secrets_hidden():
+    card = {"edited_by": "bob", "edit": "amount: 2500 → 900", "arguments": {"amount": 900, "token": "***redacted***"}}
+    assert domain.edit_of(card) == (
+        'bob changed the arguments before approving: amount: 2500 → 900. '
+        'The call was approved with these arguments: {"amount": 900, "token": "***redacted***"}')
+    assert domain.edit_of({**card, "edited_by": None}).startswith("A person changed the arguments")
+    assert domain.edit_of({**card, "edit": ""}) is None and domain.edit_of(None) is None and domain.edit_of({}) is None
+    long = domain.edit_of({**card, "arguments": {"memo": "é" * 2000}})
+    assert long.endswith('{"memo": "' + "é" * (domain.EDITED_CALL_CHARS - 10) + "…")
+    response = RespondToApproval(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1",
+                                 message="thanks", responder="alice")
+    assert domain.note_of(response, edit="bob changed it") == Note("alice", "bob changed it\nthanks")
+
+
 def test_a_denied_call_closes_as_denied_by_a_person_with_their_reason():
     assert domain.closure_of_denial("too risky") == ClosureOnRecord(
         "denied", output=None, reason_code="denied_by_person", reason_text="too risky")
