@@ -461,46 +461,24 @@ def _edit(
     step: StepCalls,
     response: RespondToApproval,
 ) -> None:
-    """An accepted edit becomes the call's: its row, the request's digest, the ledger's
-    seal and the card name the edited arguments, with the count and reason the tool's
-    rule gives them; the count restarts (approvals of the version before no longer
-    count). The audit log keeps digests of both, the diff (secrets hidden) and who edited."""
-    request, original = edition.request, edition.original
-    call = step.find(request.call_id)
+    """An accepted edit becomes the call's (`records.arguments_edited`): the call sent to
+    the executor, its row, the request's digest, the ledger's seal and the card name the
+    edited arguments, with the count and reason the tool's rule gives them, and the
+    count restarts (approvals of the version before no longer count)."""
+    call = step.find(edition.request.call_id)
     assert call is not None
-    arguments = edition.judged.arguments
-    call.arguments = arguments
-    store.update("tool_calls", call.id, arguments=arguments, args_digest=arguments_fingerprint(arguments))
-    store.update(
-        "approval_requests",
-        request.id,
-        args_digest=request.args_digest,
-        card=request.card,
-        call_seal=ledger.authority.seal_request(request.id, call.id, session.id, call.tool, arguments),
-        approvals_required=request.approvals_required,
-        reason=edition.verdict.reason,
-    )
-    if original.approvals:
-        store.restart_count(request.id)
-    store.audit(
+    call.arguments = edition.judged.arguments
+    records.arguments_edited(
+        store,
         session,
-        session.id,
-        "arguments.edited",
-        subject=request.id,
-        actor=response.responder,
-        message_id=response.message_id,
-        call_id=call.id,
-        tool=call.tool,
-        original_digest=original.args_digest,
-        edited_digest=request.args_digest,
+        call,
+        edition.original,
+        edition.request,
+        response,
+        ledger.authority,
         changed=list(edition.judged.changed),
-        # How they changed, as the card shows it (secrets hidden): with both digests, the
-        # original and the edited arguments as far as anyone may read them.
         edit=edition.card.edit,
-        approvals_required=request.approvals_required,
         reason=edition.verdict.reason,
-        # The approvals given for the version before: they no longer count (each is in this log).
-        approvals_withdrawn=original.approvals,
     )
 
 

@@ -44,6 +44,7 @@ from shared.observability import (
     when_committed,
 )
 from shared.redaction import redact_text, redact_value
+from shared.signatures import arguments_fingerprint
 
 from .authority import Authority
 from .decision_rules import Verdict
@@ -650,4 +651,58 @@ def edited_card(
             turn_id=call.turn_id,
             run_id=run_id,
         ),
+    )
+
+
+def arguments_edited(
+    store: LedgerStore,
+    session: SessionState,
+    call: Call,
+    original: RequestOnRecord,
+    edited: RequestOnRecord,
+    response: RespondToApproval,
+    authority: Authority,
+    *,
+    changed: list[str],
+    edit: str | None,
+    reason: str,
+) -> None:
+    """An approval's edit, accepted: the call's row, the request's digest, the ledger's seal
+    over the call and the card name the edited arguments (`call.arguments`), with the
+    count and reason the tool's rule gives them. The count restarts: the approvals of the
+    version before no longer count, their rows withdrawn (`restart_count`). The audit log
+    keeps digests of both versions, the diff (secrets hidden), the editor and how many
+    approvals no longer count (each of them is in the log as `response.accepted`)."""
+    arguments = call.arguments
+    store.update("tool_calls", call.id, arguments=arguments, args_digest=arguments_fingerprint(arguments))
+    store.update(
+        "approval_requests",
+        edited.id,
+        args_digest=edited.args_digest,
+        card=edited.card,
+        call_seal=authority.seal_request(edited.id, call.id, session.id, call.tool, arguments),
+        approvals_required=edited.approvals_required,
+        reason=reason,
+    )
+    if original.approvals:
+        store.restart_count(edited.id)
+    store.audit(
+        session,
+        session.id,
+        "arguments.edited",
+        subject=edited.id,
+        actor=response.responder,
+        message_id=response.message_id,
+        call_id=call.id,
+        tool=call.tool,
+        original_digest=original.args_digest,
+        edited_digest=edited.args_digest,
+        changed=changed,
+        # How they changed, as the card shows it (secrets hidden): with both digests, the
+        # original and the edited arguments as far as anyone may read them.
+        edit=edit,
+        approvals_required=edited.approvals_required,
+        reason=reason,
+        # The approvals given for the version before: they no longer count (each is in this log).
+        approvals_withdrawn=original.approvals,
     )
