@@ -131,9 +131,9 @@ MUTATIONS = [
    "    runtime.consume_parked(apply_parked)",
    "    pass",
    "tests/integration/test_lifetimes.py::test_a_model_result_that_fails_on_every_delivery_fails_its_turn_with_the_reason_instead_of_a_stuck_session"),
-  ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/handlers.py",
-   '        store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)',
-   "        pass",
+  ("a request is escalated on every sweep (its escalation not recorded)", "services/approval_ledger/records.py",
+   '    store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)',
+   "    pass",
    "tests/integration/test_lifetimes.py::test_an_unanswered_request_is_escalated_once_and_the_escalation_group_may_then_approve"),
   ("no retention sweep: sent outbox and old inbox rows are kept forever", "services/approval_ledger/main.py",
    "            sweep_forever(engine, retention, settings.retention_sweep_seconds),",
@@ -351,8 +351,8 @@ MUTATIONS = [
    "        text = reply.text",
    "tests/unit/test_scripted_provider.py"),
   ("the ledger logs nothing per transition at INFO", "services/approval_ledger/handlers.py",
-   "            # One line per transition at INFO, once it is durable (a refusal logs its own).\n            when_committed(",
-   "            (lambda _: None)(",
+   "        # One line per transition at INFO, once it is durable (a refusal logs its own).\n        when_committed(",
+   "        (lambda _: None)(",
    "tests/integration/test_structured_logs.py::"
    "test_following_one_session_by_its_id_at_info_shows_each_ledger_transition_and_each_model_step"),
   ("the card shows outside text raw (what a person sees made the identity)", "shared/on_screen.py",
@@ -581,8 +581,8 @@ MUTATIONS = [
    "",
    "tests/integration/test_turn_outcomes_and_escalations.py::"
    "test_a_turn_the_provider_failed_says_its_code_and_the_providers_words_in_session_show_and_audit_show[sqlite]"),
-  ("an escalation is neither kept with its addressees nor counted", "services/approval_ledger/handlers.py",
-   "escalated_at=store.now, escalated_to=escalated_to)\n        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)\n",
+  ("an escalation is neither kept with its addressees nor counted", "services/approval_ledger/records.py",
+   "escalated_at=store.now, escalated_to=escalated_to)\n    when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)\n",
    "escalated_at=store.now)\n",
    "tests/integration/test_turn_outcomes_and_escalations.py::"
    "test_an_escalated_request_says_when_and_to_whom_in_pending_and_session_show_and_is_counted_once[postgres]"),
@@ -794,6 +794,21 @@ MUTATIONS = [
    "        signal.signal(signal.SIGPIPE, signal.SIG_IGN)",
    "        signal.signal(signal.SIGPIPE, signal.SIG_DFL)",
    "tests/integration/test_warm_start_signals.py"),
+  # Issue 22: handlers hand their writes to the store only through records.py's typed writes.
+  ("a handler writes to the store itself again (not through records.py)", "services/approval_ledger/handlers.py",
+   "        records.step_discarded(store, step)",
+   '        store.update("steps", step.id, status="cancelled")',
+   "tests/unit/test_ledger_storage_boundary.py::test_handlers_write_only_through_records_typed_writes"),
+  ("a turn's bound counts only the attempts already stored, not this transition's", "services/approval_ledger/domain.py",
+   "        stored.provider_calls + len(spent_now),",
+   "        stored.provider_calls,",
+   "tests/unit/test_ledger_rules.py::test_a_turns_spend_counts_the_provider_attempts_and_tokens_the_transition_at_hand_records"),
+  ("the ledger's held-back claim gives way silently to an executor's that came between its read and commit",
+   "services/approval_ledger/store_postgres.py",
+   "                parts.append(sql.insert(TABLES[name], rows))",
+   '                parts.append(sql.insert(TABLES[name], rows) + (" ON CONFLICT DO NOTHING" if name == "execution_claims" else ""))',
+   "tests/integration/test_ledger_store_contract.py::"
+   "test_an_executor_claiming_between_hold_backs_read_and_its_commit_fails_the_commit_and_the_retry_finds_its_claim[postgres]"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
