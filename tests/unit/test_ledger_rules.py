@@ -181,6 +181,10 @@ def test_the_model_is_told_who_changed_the_arguments_how_and_the_call_as_approve
     assert domain.edit_of({**card, "edit": ""}) is None and domain.edit_of(None) is None and domain.edit_of({}) is None
     long = domain.edit_of({**card, "arguments": {"memo": "é" * 2000}})
     assert long.endswith('{"memo": "' + "é" * (domain.EDITED_CALL_CHARS - 10) + "…")
+    # Exactly as long as the limit: whole. Keys in one order, whatever order the card has.
+    whole = {"memo": "x" * (domain.EDITED_CALL_CHARS - 12)}
+    assert domain.edit_of({**card, "arguments": whole}).endswith('{"memo": "' + "x" * (domain.EDITED_CALL_CHARS - 12) + '"}')
+    assert domain.edit_of({**card, "arguments": {"z": 1, "a": 2}}).endswith('{"a": 2, "z": 1}')
     response = RespondToApproval(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1",
                                  message="thanks", responder="alice")
     assert domain.note_of(response, edit="bob changed it") == Note("alice", "bob changed it\nthanks")
