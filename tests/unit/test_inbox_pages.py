@@ -1,12 +1,28 @@
 """The inbox's page rules (services/gateway/inbox.py), pure: what a card shows of text from
-outside, whose cards wait for whom, and where a login may send the browser next."""
+outside, whose cards wait for whom, where a login may send the browser next, which
+arguments the edit form offers and what it sends, and how a turn and a transcript read."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.gateway.inbox import duration, safe_next, shown_card, sorted_for
+import pytest
+
+from services.gateway.problems import Problem
+from services.gateway.inbox import (
+    _identifier,
+    _shown_entry,
+    duration,
+    edit_fields,
+    edited_arguments,
+    safe_next,
+    shown_card,
+    sorted_for,
+    turn_said,
+)
 from services.gateway.users import User
+from shared.catalogue import ToolSpec
+from shared.ledger.tables import Turn
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -70,3 +86,83 @@ def test_after_logging_in_the_browser_goes_only_to_a_page_of_the_inbox():
     for elsewhere in (None, "", "https://evil.test/inbox", "//evil.test", "/inbox//evil.test", "/inbox\\@evil.test",
                       "/v1/requests", "javascript:alert(1)", "/inboxes"):
         assert safe_next(elsewhere) == "/inbox", elsewhere
+
+
+def test_a_card_says_why_it_needs_approval_and_who_edited_it_how():
+    shown = shown_card(card(reason="amount 5,000 > 1,000: two approvers", edited_by="alice",
+                            edit="amount: 5000 → 4000"), NOW)
+    assert shown["reason_shown"] == "amount 5,000 > 1,000: two approvers"
+    assert shown["edit_shown"] == "alice changed them: amount: 5000 → 4000"
+    plain = shown_card(card(), NOW)
+    assert (plain["reason_shown"], plain["edit_shown"]) == ("", "")
+    assert shown_card(card(created_at=NOW + timedelta(seconds=5)), NOW)["age_seconds"] == 0
+    assert shown_card(card(approvers=[]), NOW)["approvers_shown"] == "nobody"
+    assert shown_card(card(created_at=datetime(2026, 12, 1, 11, 0)), NOW)["created_iso"] == "2026-12-01T11:00:00+00:00"
+
+
+REFUND = ToolSpec.model_validate({
+    "name": "refund", "label": "Refund", "editable": ["amount", "memo", "token", "tags"],
+    "implementation": {"kind": "python", "function": "services.tool_executor.builtin:read_clock"},
+    "parameters": {"type": "object", "properties": {
+        "amount": {"type": "number"}, "customer": {"type": "string"}, "memo": {"type": "string"},
+        "token": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}},
+})
+REFUND_CARD = card(tool="refund", hidden=["token"],
+                   arguments={"amount": 5000, "customer": "c-2", "token": "***redacted***", "tags": ["a"]})
+
+
+def test_the_edit_form_offers_the_tools_editable_fields_that_are_not_hidden_each_as_shown():
+    assert edit_fields(REFUND, REFUND_CARD) == [
+        {"name": "amount", "label": "amount", "value": "5000", "text": False},
+        {"name": "memo", "label": "memo", "value": "", "text": True},
+        {"name": "tags", "label": "tags", "value": '["a"]', "text": False},
+    ]
+    assert edit_fields(None, REFUND_CARD) == []
+    assert edit_fields(REFUND.model_copy(update={"editable": False}), REFUND_CARD) == []
+    assert edit_fields(REFUND, card(tool="refund", arguments={"memo": "as typed"}))[1]["value"] == "as typed"
+
+
+def test_the_edit_form_sends_the_whole_object_with_only_the_fields_a_person_changed():
+    form = {"arg.amount": "4000", "arg.memo": "late", "arg.tags": '["a"]', "arg.customer": "mallory"}
+    assert edited_arguments(REFUND, REFUND_CARD, form) == {
+        "amount": 4000, "customer": "c-2", "token": "***redacted***", "tags": ["a"], "memo": "late"}
+    # A non-text field that is not JSON goes as typed (the ledger's schema check refuses it).
+    assert edited_arguments(REFUND, REFUND_CARD, {"arg.amount": "lots"})["amount"] == "lots"
+    assert edited_arguments(REFUND, REFUND_CARD, {"arg.memo": "[1]"})["memo"] == "[1]"
+    assert edited_arguments(REFUND, REFUND_CARD, {}) == REFUND_CARD["arguments"]
+    assert edited_arguments(None, REFUND_CARD, form) == REFUND_CARD["arguments"]
+
+
+def turn(**changes) -> Turn:
+    fields = {"status": "running", "reason_code": None, "reason_text": None, "ended_by": None}
+    return Turn(**{**fields, **changes})
+
+
+def test_a_turn_reads_as_its_status_what_it_waits_on_who_ended_it_and_why():
+    assert turn_said(None, 0) == "none yet"
+    assert turn_said(turn(), 0) == "running"
+    assert turn_said(turn(), 1) == "running, waiting on 1 card"
+    assert turn_said(turn(), 2) == "running, waiting on 2 cards"
+    assert turn_said(turn(status="completed"), 2) == "completed"
+    assert turn_said(turn(status="failed", reason_code="provider_failed", reason_text="HTTP 500"), 0) == (
+        "failed (provider_failed): HTTP 500")
+    assert turn_said(turn(status="cancelled", reason_code="cancelled", ended_by="alice", reason_text="No."), 0) == (
+        "cancelled by alice: No.")
+    assert "sk-" not in turn_said(turn(status="failed", reason_text="key sk-abcdefghijklmnopqrstuvwx1234"), 0)
+
+
+def test_a_transcript_entry_shows_its_text_and_calls_through_the_screens_rules():
+    entry = {"role": "assistant", "text": "ok\u202e", "call_id": None, "closure": None,
+             "tool_calls": [{"name": "refund", "arguments": {"amount": 1}}, {"arguments": {}}]}
+    assert _shown_entry(entry) == {"role": "assistant", "text": "ok\\u202e", "closure": None, "call_id": None,
+                                   "calls": ['refund {   "amount": 1 }', " {}"]}
+    tool = {"role": "tool", "text": "", "call_id": "call_1", "closure": "output", "tool_calls": []}
+    assert _shown_entry(tool) == {"role": "tool", "text": "", "closure": "output", "call_id": "call_1", "calls": []}
+
+
+def test_a_page_id_is_short_ascii_letters_digits_underscores_and_hyphens_or_no_such_page():
+    assert _identifier("apr_1-x") == "apr_1-x" and _identifier("a" * 64) == "a" * 64
+    for bad in ("", "a" * 65, "apr 1", "apr/1", "aprü", "apr.1"):
+        with pytest.raises(Problem) as refused:
+            _identifier(bad)
+        assert refused.value.status == 404, bad
