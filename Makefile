@@ -105,7 +105,10 @@ MUTATION_UNITS ?= services.tool_executor.claims.x_decide_ services.tool_executor
 	services.tool_executor.claims.x_lost_call_ shared.catalogue. \
 	services.model_step.tool_call_ids. services.model_step.transcript_guard. \
 	services.approval_ledger.domain. shared.redaction. services.approval_ledger.handlers. \
-	services.approval_ledger.decision_rules.
+	services.approval_ledger.decision_rules. $(INBOX_UNITS)
+# The inbox's pure page rules (its routes need a gateway: the integration and browser tests).
+INBOX_UNITS = $(foreach f,shown_card edit_fields edited_arguments duration sorted_for safe_next turn_said \
+	_identifier _shown_entry,services.gateway.inbox.x_$(f)_)
 
 mutation: $(STAMP)
 	rm -rf mutants && mkdir mutants

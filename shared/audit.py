@@ -237,6 +237,17 @@ def story(entry: dict[str, Any]) -> str:
             + (f": {d['reason']}" if d.get("reason") else "")
             + (f" (the rule could not be evaluated: {d['rule_error']})" if d.get("rule_error") else "")
         )
+    if kind == "arguments.edited":
+        # Who changed what (secrets hidden), both digests, and the count the edited version restarts.
+        withdrawn = d.get("approvals_withdrawn") or 0
+        return (
+            f"{who} edited the arguments of {subject} ({d.get('tool')}) before approving"
+            + (f": {d['edit']}" if d.get("edit") else f" ({', '.join(d.get('changed') or [])})")
+            + f"; digest {_short(d.get('original_digest'))} → {_short(d.get('edited_digest'))}, "
+            f"{d.get('approvals_required')} approval(s) needed"
+            + (f" ({d['reason']})" if d.get("reason") else "")
+            + (f"; {withdrawn} earlier approval(s) no longer count" if withdrawn else "")
+        )
     if kind == "response.accepted":
         verb = "approved" if d.get("decision") == "approve" else "denied"
         counted = f" ({d['count']} of {d['required']})" if d.get("count") is not None else ""

@@ -282,6 +282,12 @@ class ToolExecuted(Envelope):
 
 
 class ApprovalRequested(Envelope):
+    """A call needs a person's approval: its card, and the digest an approval must carry.
+    Sent again for the same request when an approver edited its arguments and the edited
+    version needs more approvals (the count restarts): the card then names the edited
+    arguments, `edited_by` and `edit`, and the digest is the edited arguments' (the one
+    before is refused); a card sent again carries no response token."""
+
     type: Literal["approval.requested"] = "approval.requested"
     request_id: Identifier
     call_id: Identifier

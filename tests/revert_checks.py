@@ -753,7 +753,7 @@ MUTATIONS = [
    "tests/integration/test_gateway_approval_rules.py::test_a_forged_edit_of_a_field_that_is_not_editable_or_for_other_arguments_is_refused_and_nothing_runs[sqlite]"),
   ("edit before approve: the executor is sent the arguments as first proposed, not the edited ones",
    "services/approval_ledger/handlers.py",
-   "    call.arguments = judged.arguments\n",
+   "    call.arguments = edition.judged.arguments\n",
    "",
    "tests/unit/test_ledger_approval_rules.py::test_an_edited_approval_runs_exactly_the_edited_arguments_sealed_for_them_and_the_model_is_told"),
   ("edit before approve: an edit sent with the digest of other arguments is judged",
@@ -815,6 +815,28 @@ MUTATIONS = [
    "from sqlalchemy import func  # noqa: F401\n\nfrom shared.ledger.backlog import Backlog\n",
    "tests/unit/test_ledger_storage_boundary.py::"
    "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+  # edits: an edit restarts the count, and the edited card is announced again.
+  ("edit before approve: approvals of the version before an edit still count toward the edited one",
+   "services/approval_ledger/domain.py",
+   "        approvals=0,\n        approved_by_responder=False,\n",
+   "",
+   "tests/unit/test_ledger_approval_rules.py::test_an_edit_after_approvals_restarts_the_count_and_every_approver_approves_the_edited_version "
+   "tests/unit/test_ledger_rules.py::test_an_edit_makes_a_new_version_whose_count_restarts_and_whose_digest_is_the_edited_arguments"),
+  ("edit before approve: the rows of approvals an edit withdrew stay and count",
+   "services/approval_ledger/records.py",
+   "        store.restart_count(edited.id)\n",
+   "        pass\n",
+   "tests/unit/test_ledger_approval_rules.py::test_an_edit_after_approvals_restarts_the_count_and_every_approver_approves_the_edited_version"),
+  ("edit before approve: PostgreSQL keeps the approvals a restarted count withdrew",
+   "services/approval_ledger/store_postgres.py",
+   "            await self.read(_RESTART_COUNT, {\"request_id_\": request_id})\n",
+   "            pass\n",
+   "tests/integration/test_ledger_store_contract.py::test_a_restarted_count_withdraws_the_requests_approvals_before_the_same_persons_new_one_goes_in[postgres]"),
+  ("edit before approve: an edit that leaves its request pending is not announced (channels keep the old card)",
+   "services/approval_ledger/handlers.py",
+   "            records.edited_card(\n",
+   "            (lambda *_: None)(\n",
+   "tests/unit/test_ledger_approval_rules.py::test_an_edit_that_restarts_the_count_announces_the_edited_card_and_its_digest_without_a_token"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

@@ -14,7 +14,7 @@ import hmac
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -545,6 +545,27 @@ def tally(policy: ApprovalPolicy, request: RequestOnRecord, decision: str) -> Ta
     return Tally(count, policy.approvals_required, decides=count >= policy.approvals_required)
 
 
+def edited_version(
+    request: RequestOnRecord, args_digest: str, approvals_required: int, card: dict[str, Any] | None = None
+) -> RequestOnRecord:
+    """An approval whose edit changes the arguments makes a new version of the request,
+    and the count restarts: approvals of the version before were given for other
+    arguments and no longer count (the audit log keeps them), so every approver
+    approves the same edited version, the editor first; one who approved the version
+    before may approve this one (it is not the same approval twice). The edited
+    arguments' digest is the one an approval must now carry, and the count is what the
+    tool's rule decides for them, at least one (the editor's own approval is needed
+    even where the rule would ask nobody: a person chose these arguments)."""
+    return replace(
+        request,
+        args_digest=args_digest,
+        approvals=0,
+        approved_by_responder=False,
+        card=request.card if card is None else card,
+        approvals_required=max(1, approvals_required),
+    )
+
+
 def starters_of(session_started_by: str | None, turn_started_by: str | None) -> frozenset[str]:
     """Who started a call's session and its turn, as separation of duties sees them.
     A turn that names no starter leaves its starter unknown (empty: `starter_unknown`)
@@ -572,11 +593,23 @@ def note_of(response: RespondToApproval, edit: str | None = None) -> Note | None
     return Note(response.responder, message) if message else None
 
 
+# How much of the edited arguments the model is told (the whole call is on the card and in the row).
+EDITED_CALL_CHARS = 1000
+
+
 def edit_of(card: Mapping[str, Any] | None) -> str | None:
-    """What the model is told of an edit on record on the card: who changed which arguments."""
+    """What the model is told of an edit on record on the card: who changed which arguments,
+    and the call as it was approved (its transcript keeps the call as the model proposed
+    it), as the card shows it: secrets hidden."""
     if not card or not card.get("edit"):
         return None
-    return f"{card.get('edited_by') or 'A person'} changed the arguments before approving: {card['edit']}"
+    approved = json.dumps(card.get("arguments"), ensure_ascii=False, sort_keys=True)
+    if len(approved) > EDITED_CALL_CHARS:
+        approved = approved[:EDITED_CALL_CHARS] + "…"
+    return (
+        f"{card.get('edited_by') or 'A person'} changed the arguments before approving: {card['edit']}. "
+        f"The call was approved with these arguments: {approved}"
+    )
 
 
 def closure_of_denial(reason: str) -> ClosureOnRecord:

@@ -18,6 +18,7 @@ from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import UNPROVEN, ParkedMessage, proven_sender
 from shared.messages import (
+    ApprovalCard,
     CancelTurn,
     Envelope,
     ModelStepCompleted,
@@ -354,6 +355,17 @@ async def _respond_to_approval(
         if request
         else domain.NOBODY
     )
+    edition: _Edition | None = None
+    if request is not None and not refused and response.decision == "approve" and response.edited_arguments is not None:
+        # An edit is judged first: if it changes the arguments, the approver is judged for
+        # the edited version (its own count; a new version, so one who approved before may).
+        judged = _judge_edit(ledger, request, step, response)
+        if isinstance(judged, domain.Refusal):
+            refused = judged
+        elif judged is not None:
+            edition = judged
+            request = edition.request
+            policy = dataclasses.replace(policy, approvals_required=edition.request.approvals_required or 1)
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
     if refused:
         records.refusal(store, session, response, refused)
@@ -364,15 +376,19 @@ async def _respond_to_approval(
         if altered:
             await _close_altered(ledger, store, session, request, step, response, altered)
             return
-        if response.edited_arguments is not None:
-            edited = _edit(ledger, store, session, request, step, response)
-            if isinstance(edited, domain.Refusal):
-                records.refusal(store, session, response, edited)
-                return
-            request, policy = edited, dataclasses.replace(policy, approvals_required=edited.approvals_required or 1)
+        if edition is not None:
+            _edit(ledger, store, session, edition, step, response)
     counted = domain.tally(policy, request, response.decision)
     records.accepted(store, session, request, response, counted)
     if not counted.decides:
+        if edition is not None:
+            # Channels that only listen to events see the edited card and its digest (the
+            # one an approval must now carry), like a new request's, without a token.
+            call = step.find(request.call_id)
+            assert call is not None
+            records.edited_card(
+                store, session, call, request, await store.pending_request_ids(session.id), response, ledger.run_id
+            )
         records.approval_counted(store, session, request, response, counted)
         return
     await _decide(ledger, store, session, request, step, response)
@@ -391,70 +407,69 @@ def _judge_arguments_on_record(
     return domain.judge_arguments(on_record, response.args_digest)
 
 
-def _edit(
-    ledger: Ledger,
-    store: LedgerStore,
-    session: SessionState,
-    request: domain.RequestOnRecord,
-    step: StepCalls,
-    response: RespondToApproval,
-) -> domain.RequestOnRecord | domain.Refusal:
+@dataclass(frozen=True)
+class _Edition:
+    """An edit that changes the arguments, judged and not yet recorded: the request as
+    its edited version (`domain.edited_version`), what the edit changed, the tool's
+    verdict for the edited arguments and their card."""
+
+    request: domain.RequestOnRecord
+    original: domain.RequestOnRecord
+    judged: decision_rules.EditAccepted
+    verdict: decision_rules.Verdict
+    card: ApprovalCard
+
+
+def _judge_edit(
+    ledger: Ledger, request: domain.RequestOnRecord, step: StepCalls, response: RespondToApproval
+) -> _Edition | domain.Refusal | None:
     """Edit before approve: the person's edited arguments, judged by the tool's
-    declaration and schema (`decision_rules.judge_edit`); accepted with changes, they
-    become the call's: its row, the request's digest, the ledger's seal and the card
-    name them, the tool's rule is evaluated again for them, and the approval at hand
-    counts for them alone. The audit log keeps digests of both and who edited."""
+    declaration and schema (`decision_rules.judge_edit`). None: the edit changes
+    nothing (a plain approval), or the call is gone (the digest check closes it)."""
     call = step.find(request.call_id)
     spec = ledger.catalogue.get(request.tool)
-    assert call is not None and spec is not None and response.edited_arguments is not None
+    if call is None or spec is None or response.edited_arguments is None:
+        return None
     judged = decision_rules.judge_edit(spec, call.arguments, response.edited_arguments)
     if isinstance(judged, decision_rules.EditRefused):
         return domain.Refusal(judged.reason, judged.detail)
     if not judged.changed:
-        return request
-    if request.approvals:
-        # Approvals already counted were given for other arguments; the count would have to
-        # restart, which the ledger cannot record yet (docs/notes/wire.md): refused, nothing runs.
-        return domain.Refusal(
-            "edit_after_approvals",
-            f"{request.tool!r} already has approvals for the arguments as shown; an edit must come first.",
-        )
-    authority = ledger.authority
-    original_digest = request.args_digest
+        return None
     decided = decision_rules.verdict(spec, judged.arguments)
-    required = max(1, decided.approvals_required)
-    digest = authority.digest(request.id, call.tool, spec.version, judged.arguments)
+    digest = ledger.authority.digest(request.id, call.tool, spec.version, judged.arguments)
     card = spec.card(judged.arguments, reason=decided.reason).model_copy(
         update={"edited_by": response.responder, "edit": judged.diff[:2000]}
     )
-    call.arguments = judged.arguments
-    store.update("tool_calls", call.id, arguments=judged.arguments, args_digest=arguments_fingerprint(judged.arguments))
-    store.update(
-        "approval_requests",
-        request.id,
-        args_digest=digest,
-        card=card.model_dump(mode="json"),
-        call_seal=authority.seal_request(request.id, call.id, session.id, call.tool, judged.arguments),
-        approvals_required=required,
-        reason=decided.reason,
-    )
-    store.audit(
+    edited = domain.edited_version(request, digest, decided.approvals_required, card.model_dump(mode="json"))
+    return _Edition(edited, request, judged, decided, card)
+
+
+def _edit(
+    ledger: Ledger,
+    store: LedgerStore,
+    session: SessionState,
+    edition: _Edition,
+    step: StepCalls,
+    response: RespondToApproval,
+) -> None:
+    """An accepted edit becomes the call's (`records.arguments_edited`): the call sent to
+    the executor, its row, the request's digest, the ledger's seal and the card name the
+    edited arguments, with the count and reason the tool's rule gives them, and the
+    count restarts (approvals of the version before no longer count)."""
+    call = step.find(edition.request.call_id)
+    assert call is not None
+    call.arguments = edition.judged.arguments
+    records.arguments_edited(
+        store,
         session,
-        session.id,
-        "arguments.edited",
-        subject=request.id,
-        actor=response.responder,
-        message_id=response.message_id,
-        call_id=call.id,
-        tool=call.tool,
-        original_digest=original_digest,
-        edited_digest=digest,
-        changed=list(judged.changed),
-        approvals_required=required,
-        reason=decided.reason,
-    )
-    return dataclasses.replace(
-        request, args_digest=digest, card=card.model_dump(mode="json"), approvals_required=required
+        call,
+        edition.original,
+        edition.request,
+        response,
+        ledger.authority,
+        changed=list(edition.judged.changed),
+        edit=edition.card.edit,
+        reason=edition.verdict.reason,
     )
 
 

@@ -52,6 +52,7 @@ from shared.observability import (
     when_committed,
 )
 from shared.redaction import redact_text, redact_value
+from shared.signatures import arguments_fingerprint
 
 from .authority import Authority
 from .decision_rules import Verdict
@@ -790,3 +791,92 @@ async def resumption(
     for entry in resumed.entries:
         append(store, session, entry)
     await step_request(store, session, turn_id, catalogue, cause)
+
+
+def edited_card(
+    store: LedgerStore,
+    session: SessionState,
+    call: Call,
+    request: RequestOnRecord,
+    pending_request_ids: list[str],
+    cause: Envelope,
+    run_id: str,
+) -> None:
+    """An edit that leaves its request pending (the edited version needs more approvers):
+    the request is announced again as its edited version, an `approval.requested` like a
+    new request's, so a channel that only listens to events shows the edited card and the
+    digest an approval must now carry (the card before names arguments that no longer run:
+    its digest is refused, `digest_mismatch`). No response token: the one minted with the
+    request still counts once, and a pending edited version needs known people anyway."""
+    assert request.card is not None and request.approvals_required is not None
+    store.emit(
+        session,
+        ApprovalRequested(
+            session_id=session.id,
+            causation_id=_id_of(cause),
+            request_id=request.id,
+            call_id=call.id,
+            step_id=call.step_id,
+            card=ApprovalCard.model_validate(request.card),
+            args_digest=request.args_digest,
+            pending_request_ids=pending_request_ids,
+            approvals_required=request.approvals_required,
+            expires_at=request.expires_at,
+            turn_id=call.turn_id,
+            run_id=run_id,
+        ),
+    )
+
+
+def arguments_edited(
+    store: LedgerStore,
+    session: SessionState,
+    call: Call,
+    original: RequestOnRecord,
+    edited: RequestOnRecord,
+    response: RespondToApproval,
+    authority: Authority,
+    *,
+    changed: list[str],
+    edit: str | None,
+    reason: str,
+) -> None:
+    """An approval's edit, accepted: the call's row, the request's digest, the ledger's seal
+    over the call and the card name the edited arguments (`call.arguments`), with the
+    count and reason the tool's rule gives them. The count restarts: the approvals of the
+    version before no longer count, their rows withdrawn (`restart_count`). The audit log
+    keeps digests of both versions, the diff (secrets hidden), the editor and how many
+    approvals no longer count (each of them is in the log as `response.accepted`)."""
+    arguments = call.arguments
+    store.update("tool_calls", call.id, arguments=arguments, args_digest=arguments_fingerprint(arguments))
+    store.update(
+        "approval_requests",
+        edited.id,
+        args_digest=edited.args_digest,
+        card=edited.card,
+        call_seal=authority.seal_request(edited.id, call.id, session.id, call.tool, arguments),
+        approvals_required=edited.approvals_required,
+        reason=reason,
+    )
+    if original.approvals:
+        store.restart_count(edited.id)
+    store.audit(
+        session,
+        session.id,
+        "arguments.edited",
+        subject=edited.id,
+        actor=response.responder,
+        message_id=response.message_id,
+        call_id=call.id,
+        tool=call.tool,
+        original_digest=original.args_digest,
+        edited_digest=edited.args_digest,
+        changed=changed,
+        # How they changed, as the card shows it (secrets hidden): with both digests, the
+        # original and the edited arguments as far as anyone may read them.
+        edit=edit,
+        approvals_required=edited.approvals_required,
+        reason=reason,
+        # The approvals given for the version before: they no longer count (each is in this log).
+        approvals_withdrawn=original.approvals,
+    )

@@ -9,11 +9,12 @@ outbox rows commit together or not at all (invariant 1). A handler
 - reads what it needs as typed values (`step`, `call_and_siblings`,
   `request_and_calls`, ...), never what it wrote itself;
 - hands over what it decided: rows to add (`add`), rows to change (`update`,
-  `withdraw_request`, `hold_back`), messages to emit (`emit`) and audit
-  entries (`audit`). Nothing is written then: every write is collected and
-  applied at commit (or at a group commit's `settle`), in one order: new rows
-  per table, parents first, then the changes, then the outbox rows in emission
-  order, then the audit entries;
+  `withdraw_request`, `hold_back`), approvals that no longer count
+  (`restart_count`), messages to emit (`emit`) and audit entries (`audit`).
+  Nothing is written then: every write is collected and applied at commit (or at
+  a group commit's `settle`), in one order: approvals withdrawn by a restarted
+  count, new rows per table, parents first, then the changes, then the outbox
+  rows in emission order, then the audit entries;
 - commits, or leaves: whatever was not committed is gone, nothing of it published.
 
 The session row is read once (locked) and written once, at commit. Each audit
@@ -175,11 +176,14 @@ class Writes:
     updates: dict[tuple[str, Any], dict[str, Any]] = field(default_factory=dict)
     # Calls whose pending approval request closes as cancelled.
     withdrawn: list[str] = field(default_factory=list)
+    # Requests whose approvals so far no longer count (an edit restarted the count),
+    # removed before the new rows go in: the editor's own approval is one of those.
+    recounted: list[str] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.updates or self.withdrawn or self.outbox or self.audit)
+        return bool(self.rows or self.updates or self.withdrawn or self.recounted or self.outbox or self.audit)
 
 
 class LedgerStore(ABC):
@@ -329,6 +333,13 @@ class LedgerStore(ABC):
     def withdraw_request(self, call_id: str) -> None:
         """The call's pending approval request closes as cancelled."""
         self._writes.withdrawn.append(call_id)
+
+    def restart_count(self, request_id: str) -> None:
+        """The request's approvals so far no longer count (they were given for arguments an
+        edit changed): their rows go, before this transition's new rows go in, so its own
+        approval (also one by a person who approved before) is the first of the new count.
+        The audit log keeps each of them (`response.accepted`)."""
+        self._writes.recounted.append(request_id)
 
     async def hold_back(self, call: Call) -> ClaimOnRecord | None:
         """Keep a call that is being cancelled from running: the ledger takes the call's

@@ -81,6 +81,9 @@ def _key(table: str, row: dict[str, Any]) -> tuple:
 
 
 def _write(tables: Tables, writes: Writes) -> None:
+    for request_id in writes.recounted:
+        for key in [key for key, row in tables["approvals"].items() if row["request_id"] == request_id]:
+            del tables["approvals"][key]
     # Receiving writes the inbox row and a new session; a transition, the rest.
     for name in ("inbox", "sessions", *INSERT_ORDER):
         for row in writes.rows.get(name, ()):

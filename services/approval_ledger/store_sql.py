@@ -239,6 +239,11 @@ _WITHDRAW = (
     .where(APPROVAL_REQUESTS.c.call_id == bindparam("call_id_"), APPROVAL_REQUESTS.c.status == "pending")
     .values(status="cancelled")
 )
+# A restarted count: the request's approvals so far no longer count (returning rows,
+# so that both the SQLAlchemy and the asyncpg paths read it as a query).
+_RESTART_COUNT = (
+    APPROVALS.delete().where(APPROVALS.c.request_id == bindparam("request_id_")).returning(APPROVALS.c.responder)
+)
 _CLAIM_LOCKED = _CLAIM.with_for_update()
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
@@ -395,6 +400,8 @@ class DatabaseStore(LedgerStore):
         await self.db.run_sync(self._write, writes, notify)
 
     def _write(self, db: Connection, writes: Writes, notify: bool) -> None:
+        for request_id in writes.recounted:
+            db.execute(_RESTART_COUNT, {"request_id_": request_id}).all()
         for name in INSERT_ORDER:
             rows = writes.rows.get(name)
             if rows:

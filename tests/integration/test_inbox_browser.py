@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -512,6 +513,81 @@ async def test_a_forged_form_without_the_pages_digest_or_csrf_token_or_from_anot
         [found] = await rows(gateway, ApprovalRequest, id=request["id"])
         assert found.status == "pending" and await rows(gateway, Decision, request_id=request["id"]) == []
     await ran(sink, "/reviewed", 0)
+
+
+async def test_edit_then_approve_the_edited_arguments_run_and_the_transcript_and_audit_log_show_the_edit(
+        deployment, sink, store):
+    """A refund of 5,000 needs two approvers. bob approves it as proposed; alice edits the
+    amount to 4,000 and approves: the count restarts (bob approved other arguments), bob's
+    open card page shows the edited version live, bob approves that, and exactly the
+    edited arguments run, once; the session page's transcript and story show the edit."""
+    from tests.integration.test_gateway_approval_rules import tools_with_a_refund_rule
+
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.tools_file = tools_with_a_refund_rule(deployment)
+    add_people(deployment)
+    deployment.start()
+    deployment.start("gateway")
+    alice, bob = Browser(url(deployment), "alice"), Browser(url(deployment), "bob")
+    try:
+        async with GatewayClient(url(deployment)) as client, GatewayClient(url(deployment)) as bob_api:
+            await client.login("alice")
+            await bob_api.login("bob")
+            card = await pending_card(client, await start(client, "refund-large"))
+            assert card["approvals_required"] == 2
+            first = (await bob_api.decide(card["id"], args_digest=card["args_digest"])).json()
+            assert (first["decided"], first["approvals"]) == (False, 1), first
+        bob.login("bob")
+        bob.open(f"/inbox/requests/{card['id']}")
+        bob.live()
+        assert bob.find("#approvals").text == "1 of 2" and bob.find("#digest").text == card["args_digest"]
+        assert "you approved it" in bob.find("#hint").text
+        alice.login("alice")
+        alice.open(f"/inbox/requests/{card['id']}")
+        alice.until(lambda b: b.all("#edit-form"), what="the edit form")
+        amount = alice.find("#edit-form input[name='arg.amount']")
+        assert amount.get_attribute("value") == "5000"
+        amount.clear()
+        amount.send_keys("4000")
+        alice.shot(f"edit-{store}")
+        alice.click("#edit-approve")
+        alice.until(lambda b: "counted" in b.find("#notice").text, what="alice's approval counted")
+        # bob's open page shows the edited version without a reload: its arguments, the edit, a new digest.
+        bob.until(lambda b: b.find("#digest").text != card["args_digest"], what="the edited card on bob's page")
+        bob.until(lambda b: b.find("#approvals").text == "1 of 2", what="the restarted count")
+        assert '"amount": 4000' in bob.find("#arguments").text
+        # bob's approval was of 5,000: the page no longer says he approved this version.
+        assert not bob.all("#hint")
+        assert "alice changed them: amount: 5000 → 4000" in bob.find("#edited").text
+        assert bob.find("#approve-form input[name=args_digest]").get_attribute("value") == bob.find("#digest").text
+        bob.shot(f"edited-card-live-{store}")
+        await ran(sink, "/refunds", 0)
+        bob.click("#approve")
+        bob.until(lambda b: "You approved" in b.find("#notice").text, what="bob's approval deciding")
+        await ran(sink, "/refunds", 1)
+        assert json.loads(sink.requests[-1]["body"]) == {"amount": 4000, "customer": "c-2"}
+        # The session page: the model was told what changed and the call as approved; the story shows the edit.
+        alice.open(f"/inbox/sessions/{card['session_id']}")
+        alice.until(lambda b: "Refunded a lot." in b.find("#transcript").text, what="the turn's end")
+        transcript = alice.find("#transcript").text
+        assert "alice changed the arguments before approving: amount: 5000 → 4000" in transcript, transcript
+        assert 'The call was approved with these arguments: {"amount": 4000, "customer": "c-2"}' in transcript
+        story = alice.find("#story").text
+        assert f"alice edited the arguments of {card['id']} (refund) before approving: amount: 5000 → 4000" in story
+        assert "1 earlier approval(s) no longer count" in story and "ran: output" in story, story
+        alice.shot(f"session-edited-{store}")
+    finally:
+        alice.close()
+        bob.close()
+    [edited] = await rows(deployment, AuditEntry, session_id=card["session_id"], kind="arguments.edited")
+    assert (edited.actor, edited.detail["original_digest"], edited.detail["approvals_withdrawn"]) == (
+        "alice", card["args_digest"], 1)
+    [request] = await rows(deployment, ApprovalRequest, id=card["id"])
+    assert edited.detail["edited_digest"] == request.args_digest != card["args_digest"]
+    accepted = await rows(deployment, AuditEntry, session_id=card["session_id"], kind="response.accepted")
+    assert sorted(e.actor for e in accepted) == ["alice", "bob", "bob"]
+    [decision] = await rows(deployment, Decision, request_id=card["id"])
+    assert decision.responder == "bob"
 
 
 def keep_screenshots_for_the_readme(store: str) -> None:  # pragma: no cover - run by hand

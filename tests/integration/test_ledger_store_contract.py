@@ -358,6 +358,48 @@ async def test_a_withdrawn_request_and_a_held_back_claim_are_written_at_commit(s
         )
 
 
+async def test_a_restarted_count_withdraws_the_requests_approvals_before_the_same_persons_new_one_goes_in(stores):
+    """An edit restarts a request's count: its approvals so far go, and the editor's own
+    approval of the edited version goes in, in the same transition, also when the editor
+    is one who approved before (the same request and person: PostgreSQL must delete first)."""
+    seed = await seeded(stores)
+    session_id = seed["session_id"]
+    async with stores() as store:
+        await store.lock_session(session_id)
+        store.add(
+            "approvals",
+            {"request_id": "apr_a", "responder": "bob", "response_id": "rsp_a2", "message_id": "msg_a2",
+             "channel": "chat", "reason": "", "message": "", "approved_at": store.now},
+        )
+        store.add(
+            "approvals",
+            {"request_id": "apr_b", "responder": "bob", "response_id": "rsp_b2", "message_id": "msg_b2",
+             "channel": "chat", "reason": "", "message": "", "approved_at": store.now},
+        )
+        await store.commit()
+    async with stores() as store:
+        await store.lock_session(session_id)
+        store.restart_count("apr_a")
+        store.add(
+            "approvals",
+            {"request_id": "apr_a", "responder": "alice", "response_id": "rsp_a3", "message_id": "msg_a3",
+             "channel": "chat", "reason": "", "message": "", "approved_at": store.now},
+        )
+        # Collected: not yet written.
+        request, _ = await store.request_and_calls("apr_a", session_id, "bob")
+        assert (request.approvals, request.approved_by_responder) == (2, True)
+        await store.commit()
+    async with stores() as store:
+        request, _ = await store.request_and_calls("apr_a", session_id, "bob")
+        assert (request.approvals, request.approved_by_responder) == (1, False)
+        request, _ = await store.request_and_calls("apr_a", session_id, "alice")
+        assert (request.approvals, request.approved_by_responder) == (1, True)
+        assert await store.response_used("rsp_a3") and not await store.response_used("rsp_a2")
+        # Another request's approvals are not touched.
+        other, _ = await store.request_and_calls("apr_b", session_id, "bob")
+        assert (other.approvals, other.approved_by_responder) == (1, True)
+
+
 @pytest.mark.parametrize("stores", ["memory", "postgres"], indirect=True)
 async def test_an_executor_claiming_between_hold_backs_read_and_its_commit_fails_the_commit_and_the_retry_finds_its_claim(
     stores,

@@ -160,3 +160,21 @@ def test_the_story_reads_as_a_person_tells_it():
     rejected = {"kind": "response.rejected", "subject": "apr_1", "actor": "eve", "message_id": "m",
                 "detail": {"reason_code": "digest_mismatch", "reason_text": "not the arguments shown"}}
     assert audit.story(rejected) == "a response by eve to apr_1 was refused: digest_mismatch: not the arguments shown"
+
+
+def test_the_story_of_an_edit_says_who_changed_what_both_digests_and_the_count_it_restarted():
+    detail = {"tool": "refund", "edit": "amount: 5000 → 4000", "changed": ["amount"],
+              "original_digest": "hmac-sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaa", "edited_digest": "hmac-sha256:bbbb",
+              "approvals_required": 2, "reason": "amount 4,000 > 1,000: two approvers", "approvals_withdrawn": 1}
+    line = audit.story({"kind": "arguments.edited", "subject": "apr_1", "actor": "alice", "detail": detail,
+                        "message_id": "m"})
+    assert line == (
+        "alice edited the arguments of apr_1 (refund) before approving: amount: 5000 → 4000; "
+        "digest hmac-sha256:aaaaaaaaaaa… → hmac-sha256:bbbb, 2 approval(s) needed "
+        "(amount 4,000 > 1,000: two approvers); 1 earlier approval(s) no longer count")
+    # Entries made before the edit's diff and withdrawn count were recorded: the fields changed.
+    older = {k: v for k, v in detail.items() if k not in ("edit", "reason", "approvals_withdrawn")}
+    assert audit.story({"kind": "arguments.edited", "subject": "apr_1", "actor": "alice", "detail": older,
+                        "message_id": "m"}) == (
+        "alice edited the arguments of apr_1 (refund) before approving (amount); "
+        "digest hmac-sha256:aaaaaaaaaaa… → hmac-sha256:bbbb, 2 approval(s) needed")

@@ -5,6 +5,8 @@ and tallied from the record, and a call the rule lets through runs with no card.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shared.catalogue import ToolCatalogue
@@ -20,7 +22,7 @@ RULES = ToolCatalogue.model_validate(
                 "label": "Pay an invoice",
                 "implementation": RUNS,
                 "effect": "outward",
-                "approvers": ["alice", "bob"],
+                "approvers": ["alice", "bob", "carol"],
                 "approvals_required": [
                     {"when": "args.amount > 1000", "then": 2, "reason": "amount {amount:,} > 1,000: two approvers"},
                     {"then": 1, "reason": "amount {amount:,} up to 1,000: one approver"},
@@ -203,12 +205,115 @@ async def test_an_edit_sent_with_the_digest_of_other_arguments_is_refused_and_no
     assert rig.events("tool.execute") == [] and rig.rows("audit_log", kind="arguments.edited") == []
 
 
-async def test_an_edit_after_approvals_were_counted_is_refused_and_nothing_runs(rig):
+def approvers(rig: Rig, requested: dict) -> list[str]:
+    return sorted(row["responder"] for row in rig.rows("approvals", request_id=requested["request_id"]))
+
+
+def edited(rig: Rig, requested: dict) -> dict:
+    """The request's card as its edited version was announced (the last approval.requested)."""
+    announced = rig.last("approval.requested")
+    assert announced["request_id"] == requested["request_id"]
+    return announced
+
+
+async def test_an_edit_after_approvals_restarts_the_count_and_every_approver_approves_the_edited_version(rig):
     requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
     await rig.respond(requested, responder="alice")
     await rig.respond(requested, responder="bob", edited_arguments={"amount": 2400, "payee": "ACME"})
-    assert rig.rejected() == ["edit_after_approvals"]
-    assert rig.events("tool.execute") == []
+    # alice approved 2,500, not 2,400: her approval no longer counts; bob's is the first of two.
+    assert rig.rejected() == [] and rig.events("tool.execute") == []
+    assert approvers(rig, requested) == ["bob"]
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (request["status"], request["approvals_required"]) == ("pending", 2)
+    assert rig.last("approval.counted")["count"] == 1
+    [entry] = audit(rig, "arguments.edited")
+    assert (entry["approvals_withdrawn"], entry["approvals_required"]) == (1, 2)
+    # The card alice approved names other arguments: refused; the edited one counts, and decides.
+    await rig.respond(requested, responder="alice")
+    assert rig.rejected() == ["digest_mismatch"]
+    await rig.respond(edited(rig, requested), responder="alice")
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+    assert rig.last("tool.execute")["arguments"] == {"amount": 2400, "payee": "ACME"}
+    assert approvers(rig, requested) == ["alice", "bob"]
+    # Each approval, the withdrawn one too, stays in the audit log.
+    accepted = [r["actor"] for r in rig.rows("audit_log", kind="response.accepted")]
+    assert accepted == ["alice", "bob", "alice"]
+
+
+async def test_an_approver_who_approved_the_version_before_may_edit_and_approve_the_edited_version_once(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="alice", edited_arguments={"amount": 2000, "payee": "ACME"})
+    assert rig.rejected() == [] and approvers(rig, requested) == ["alice"]
+    assert rig.last("approval.counted")["count"] == 1
+    await rig.respond(edited(rig, requested), responder="alice")
+    assert rig.rejected() == ["already_approved"] and rig.events("tool.execute") == []
+    await rig.respond(edited(rig, requested), responder="carol")
+    assert rig.last("tool.execute")["arguments"] == {"amount": 2000, "payee": "ACME"}
+
+
+async def test_an_edit_that_restarts_the_count_announces_the_edited_card_and_its_digest_without_a_token(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="bob", edited_arguments={"amount": 2400, "payee": "ACME", "memo": "q3"})
+    first, again = rig.events("approval.requested")
+    [request] = rig.rows("approval_requests", id=requested["request_id"])
+    assert (again["request_id"], again["call_id"], again["step_id"]) == (
+        first["request_id"], first["call_id"], first["step_id"])
+    assert again["args_digest"] == request["args_digest"] != first["args_digest"]
+    assert again["card"] == request["card"]
+    assert again["card"]["arguments"] == {"amount": 2400, "payee": "ACME", "memo": "q3"}
+    assert again["card"]["edited_by"] == "bob" and "amount" in again["card"]["edit"]
+    assert again["card"]["reason"] == "amount 2,400 > 1,000: two approvers"
+    assert (again["approvals_required"], again["pending_request_ids"]) == (2, [requested["request_id"]])
+    assert again["response_token"] is None and first["response_token"]
+    assert again["expires_at"] == first["expires_at"]
+    # The event comes before the count it restarts.
+    types = [json.loads(r["body"])["type"] for r in rig.database.rows("outbox")]
+    assert types[-2:] == ["approval.requested", "approval.counted"]
+
+
+async def test_an_edit_the_editors_approval_decides_announces_no_card_again(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="bob", edited_arguments={"amount": 900, "payee": "ACME"})
+    # 900 needs one approver: bob's approval of it decides; alice's of 2,500 does not count.
+    assert len(rig.events("approval.requested")) == 1
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "approved"
+    assert rig.last("tool.execute")["arguments"] == {"amount": 900, "payee": "ACME"}
+    assert approvers(rig, requested) == ["bob"]
+
+
+async def test_a_second_edit_restarts_the_count_again(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice", edited_arguments={"amount": 2400, "payee": "ACME"})
+    second = edited(rig, requested)
+    await rig.respond(second, responder="bob", edited_arguments={"amount": 2300, "payee": "ACME"})
+    assert approvers(rig, requested) == ["bob"] and rig.events("tool.execute") == []
+    await rig.respond(second, responder="alice")
+    assert rig.rejected() == ["digest_mismatch"]
+    await rig.respond(edited(rig, requested), responder="alice")
+    assert rig.last("tool.execute")["arguments"] == {"amount": 2300, "payee": "ACME"}
+    assert [e["approvals_withdrawn"] for e in audit(rig, "arguments.edited")] == [0, 1]
+
+
+async def test_an_edit_after_approvals_is_refused_like_any_edit_when_it_breaks_a_rule_and_the_count_stands(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="bob", edited_arguments={"amount": 2500, "payee": "Mallory"})
+    assert rig.rejected() == ["field_not_editable"]
+    assert approvers(rig, requested) == ["alice"] and rig.events("tool.execute") == []
+    await rig.respond(requested, responder="bob")
+    assert rig.last("tool.execute")["arguments"] == {"amount": 2500, "payee": "ACME"}
+
+
+async def test_a_person_not_among_the_approvers_cannot_restart_the_count_with_an_edit(rig):
+    requested = await rig.ask("pay_invoice", amount=2500, payee="ACME")
+    await rig.respond(requested, responder="alice")
+    await rig.respond(requested, responder="lena", edited_arguments={"amount": 2400, "payee": "ACME"})
+    assert rig.rejected() == ["not_an_approver"]
+    assert approvers(rig, requested) == ["alice"] and audit(rig, "arguments.edited") == []
+    assert rig.rows("approval_requests", id=requested["request_id"])[0]["args_digest"] == requested["args_digest"]
 
 
 async def test_an_edit_that_changes_nothing_is_a_plain_approval(rig):

@@ -172,6 +172,24 @@ def test_a_decision_with_a_message_yields_a_note_from_its_responder_and_one_with
     assert domain.note_of(silent) is None
 
 
+def test_the_model_is_told_who_changed_the_arguments_how_and_the_call_as_approved_with_secrets_hidden():
+    card = {"edited_by": "bob", "edit": "amount: 2500 → 900", "arguments": {"amount": 900, "token": "***redacted***"}}
+    assert domain.edit_of(card) == (
+        'bob changed the arguments before approving: amount: 2500 → 900. '
+        'The call was approved with these arguments: {"amount": 900, "token": "***redacted***"}')
+    assert domain.edit_of({**card, "edited_by": None}).startswith("A person changed the arguments")
+    assert domain.edit_of({**card, "edit": ""}) is None and domain.edit_of(None) is None and domain.edit_of({}) is None
+    long = domain.edit_of({**card, "arguments": {"memo": "é" * 2000}})
+    assert long.endswith('{"memo": "' + "é" * (domain.EDITED_CALL_CHARS - 10) + "…")
+    # Exactly as long as the limit: whole. Keys in one order, whatever order the card has.
+    whole = {"memo": "x" * (domain.EDITED_CALL_CHARS - 12)}
+    assert domain.edit_of({**card, "arguments": whole}).endswith('{"memo": "' + "x" * (domain.EDITED_CALL_CHARS - 12) + '"}')
+    assert domain.edit_of({**card, "arguments": {"z": 1, "a": 2}}).endswith('{"a": 2, "z": 1}')
+    response = RespondToApproval(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1",
+                                 message="thanks", responder="alice")
+    assert domain.note_of(response, edit="bob changed it") == Note("alice", "bob changed it\nthanks")
+
+
 def test_a_denied_call_closes_as_denied_by_a_person_with_their_reason():
     assert domain.closure_of_denial("too risky") == ClosureOnRecord(
         "denied", output=None, reason_code="denied_by_person", reason_text="too risky")
@@ -572,6 +590,34 @@ def test_approvals_are_counted_until_the_required_number_of_people_approved_and_
 def test_one_denial_decides_whatever_approvals_came_before():
     assert domain.tally(FOUR_EYES, pending(approvals=1), "deny") == domain.Tally(1, 2, decides=True)
     assert domain.tally(FOUR_EYES, pending(), "deny") == domain.Tally(0, 2, decides=True)
+
+
+def test_an_edit_makes_a_new_version_whose_count_restarts_and_whose_digest_is_the_edited_arguments():
+    before = pending(approvals=1, approved_by_responder=True, approvals_required=2, card={"v": 1},
+                     starters=frozenset({"sam"}), escalated=True)
+    edited = domain.edited_version(before, "d2", 2, {"v": 2})
+    assert edited == pending(approvals_required=2, args_digest="d2", card={"v": 2}, starters=frozenset({"sam"}),
+                             escalated=True)
+    # The approval at hand is the first of the edited version, and one more is needed.
+    assert domain.tally(FOUR_EYES, edited, "approve") == domain.Tally(1, 2, decides=False)
+    assert domain.edited_version(before, "d2", 3).card == {"v": 1}
+
+
+def test_an_edit_needs_at_least_its_editors_approval_whatever_the_rule_says_for_the_edited_arguments():
+    assert domain.edited_version(pending(approvals_required=2), "d2", 0).approvals_required == 1
+    assert domain.edited_version(pending(), "d2", 1).approvals_required == 1
+    assert domain.edited_version(pending(), "d2", 3).approvals_required == 3
+
+
+def test_who_approved_the_version_before_an_edit_may_approve_the_edited_one_and_the_other_rules_still_hold():
+    before = pending(approvals=1, approved_by_responder=True, starters=frozenset({"sam"}))
+    assert who(FOUR_EYES, before) == "already_approved"
+    assert who(FOUR_EYES, domain.edited_version(before, "d2", 2)) is None
+    edited = domain.edited_version(before, "d2", 2)
+    four_eyes_separated = domain.ApprovalPolicy(starter_may_approve=False, approvals_required=2)
+    assert who(four_eyes_separated, edited, responder="sam") == "starter_may_not_approve"
+    assert who(APPROVERS, edited, responder="zed") == "not_an_approver"
+    assert who(FOUR_EYES, edited, responder="token:chat", token=TOKEN) == "anonymous_approval"
 
 
 def test_the_sessions_starter_is_whoever_started_its_first_turn_that_names_one():

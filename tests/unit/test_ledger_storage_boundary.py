@@ -71,10 +71,9 @@ def test_no_database_detail_outside_the_database_adapters(module):
 
 
 # What a transition hands to the store (store.py); records.py's typed writes make them.
-COLLECTING = {"add", "update", "emit", "audit", "withdraw_request"}
-# Edit before approve (`_edit`) still writes its three changes itself: another line of
-# work is reworking it (docs/notes/port2.md, "Not done").
-WRITES_LEFT_IN = {"_edit"}
+COLLECTING = {"add", "update", "emit", "audit", "withdraw_request", "restart_count"}
+# None left: edit before approve writes through `records.arguments_edited` too.
+WRITES_LEFT_IN: set[str] = set()
 
 
 def direct_writes(source: str) -> list[str]:

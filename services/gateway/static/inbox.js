@@ -86,6 +86,24 @@
   async function refreshCard() {
     const result = await refresh(["card-state"]);
     if (!result) return;
+    const digest = document.getElementById("digest"), edited = result.fresh.getElementById("digest");
+    if (digest && edited && digest.textContent !== edited.textContent) {
+      // Someone edited the arguments: what this page would approve no longer runs (its digest
+      // is refused). Show the edited version: its arguments, the edit, its digest, its forms.
+      for (const id of ["arguments", "digest", "decide"]) {
+        const now = document.getElementById(id), then = result.fresh.getElementById(id);
+        if (now && then) now.replaceWith(then);
+      }
+      const said = result.fresh.getElementById("edited"), mine = document.getElementById("edited");
+      if (said && mine) mine.replaceWith(said);
+      else if (said) document.getElementById("arguments").after(said);
+      // A hint such as "you approved it" was about the version before (that approval no longer counts).
+      const hint = document.getElementById("hint"), freshHint = result.fresh.getElementById("hint");
+      if (hint && freshHint) hint.replaceWith(freshHint);
+      else if (hint) hint.remove();
+      else if (freshHint && document.getElementById("decide")) document.getElementById("decide").before(freshHint);
+      announce("The arguments were edited: this card now shows the edited version, which needs your approval anew.");
+    }
     const state = document.getElementById("card-state");
     const decide = document.getElementById("decide");
     if (state && decide && state.dataset.status !== "pending") {
