@@ -87,7 +87,7 @@ MUTATIONS = [
    "tests/integration/test_trust.py::test_forged_stale_replayed_and_unauthorized_responses_are_refused_and_a_signed_one_counts_once"),
   ("the executor trusts any authorization the ledger's key sealed (no check against the ledger's rows)",
    "services/tool_executor/claims.py",
-   "        refusal = ledger_allows(record and CallOnRecord(*record[:5]), granted, tool, fingerprint, self.ledger_key)",
+   "        refusal = ledger_allows(record and call_on_record(record), granted, tool, fingerprint, self.ledger_key, target)",
    "        refusal = None",
    "tests/integration/test_trust.py::test_forged_altered_and_expired_tool_executions_run_nothing_and_tell_an_operator"),
   ("an expired authorization still runs", "shared/authorization.py",
