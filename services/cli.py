@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     cancel.add_argument("--reason", default="")
     cancel.add_argument("--as", dest="responder", help=AS_HELP)
 
-    grants = commands.add_parser(
-        "grants", help="remembered approvals (approve and remember): list them, or revoke one"
-    )
+    grants = commands.add_parser("grants", help="remembered approvals (approve and remember): list them, or revoke one")
     grants.add_argument("--session", help="only this session's grants")
     grants_commands = grants.add_subparsers(dest="grants_command")
     revoke = grants_commands.add_parser("revoke", help="revoke a grant: calls decided after it ask a person again")

@@ -519,7 +519,8 @@ async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
 def grant_line(grant: Grant, at: datetime) -> str:
     """One grant as `signoff grants` lists it (texts through `visible`)."""
     if grant.revoked_at is not None:
-        state = f"revoked by {visible(grant.revoked_by or '', FIELD_CHARS)} at {grant.revoked_at.isoformat(timespec='seconds')}"
+        by = visible(grant.revoked_by or "", FIELD_CHARS)
+        state = f"revoked by {by} at {grant.revoked_at.isoformat(timespec='seconds')}"
     elif grant.expires_at is not None and grant.expires_at <= at:
         state = "expired"
     else:

@@ -359,6 +359,11 @@ def judge_remember(
         return None
     if response.decision != "approve":
         return Refusal("remember_with_denial", "Only an approval can be remembered.")
+    if response.edited_arguments is not None:
+        # A grant is given on the call as the card showed it; an edit changes what it would cover.
+        return Refusal(
+            "remember_with_edit", "An edited approval cannot be remembered: approve the card as shown to remember it."
+        )
     if not decides:
         return Refusal(
             "remember_before_decided",
@@ -387,12 +392,17 @@ REMEMBER_REFUSALS = {
 
 
 def judge_revoker(
-    revoker: str, grant: Grant | None, session_id: str, policy: ApprovalPolicy, starters: frozenset[str],
+    revoker: str,
+    grant: Grant | None,
+    session_id: str,
+    policy: ApprovalPolicy,
+    starters: frozenset[str],
     operators: frozenset[str],
 ) -> Refusal | None:
     """Who may revoke a grant: whoever granted it, whoever started its session, anyone
-    who may approve its tool now (`policy`, as the catalogue has it now), or an operator; and only a grant of this session
-    that is not revoked yet. None: they may (a revocation only takes authority away)."""
+    who may approve its tool now (`policy`, as the catalogue has it now), or an
+    operator; and only a grant of this session that is not revoked yet. None: they may
+    (a revocation only takes authority away)."""
     if grant is None or grant.session_id != session_id:
         return Refusal("unknown_grant", "There is no such grant in this session.")
     if grant.revoked_at is not None:

@@ -113,9 +113,7 @@ async def revoke(
         return
     policy = domain.approval_policy(catalogue, grant.tool) if grant is not None else domain.NOBODY
     starters = frozenset(s for s in (session.started_by,) if s)
-    refused = domain.judge_revoker(
-        command.revoked_by, grant, session.id, policy, starters, domain.operators(catalogue)
-    )
+    refused = domain.judge_revoker(command.revoked_by, grant, session.id, policy, starters, domain.operators(catalogue))
     if refused:
         records.refusal(store, session, command, refused)
         return

@@ -31,6 +31,7 @@ from shared.messages import (
     ProviderAttempt,
     RefuseExecution,
     RespondToApproval,
+    RevokeGrant,
     StartTurn,
     ToolExecuted,
     TranscriptEntry,
@@ -53,7 +54,7 @@ from shared.observability import (
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
-from . import decision_rules, domain, records
+from . import decision_rules, domain, grants, records
 from .authority import Authority
 from .store import NO_OPEN_TURN, Duplicate, LedgerStore, SessionState, StepCalls
 
@@ -144,6 +145,8 @@ def _unspoken_for(ledger: Ledger, message: Envelope) -> domain.Refusal | None:
         principal, doing = message.started_by, "start a turn"
     elif isinstance(message, CancelTurn):
         principal, doing = message.cancelled_by, "cancel a turn"
+    elif isinstance(message, RevokeGrant):
+        principal, doing = message.revoked_by, "revoke a grant"
     else:
         return None
     return domain.judge_speaker(ledger.authority.channels, _sending_channel(ledger), principal, doing)
@@ -294,7 +297,9 @@ async def _plan_and_record_calls(
     The session waits on every pending request and each `approval.requested` names
     them all (invariant 5). Earlier requests come first; this step's are minted in
     ascending order so that the ledger's order (created_at, id) is the model's."""
-    plans = domain.plan_calls(cause.tool_calls, ledger.catalogue)
+    # The session's grants: a call one covers runs with no card (approve and remember).
+    remembered = await store.grants(session.id)
+    plans = domain.plan_calls(cause.tool_calls, ledger.catalogue, remembered, session_id=session.id, at=store.now)
     asks = [call for plan, call in zip(plans, calls, strict=True) if plan.action == "ask"]
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
@@ -314,6 +319,8 @@ async def _plan_and_record_calls(
             reason_code=plan.reason_code,
             # Why it asks, or why it runs unasked (a rule over its arguments may say none is needed).
             reason=plan.verdict.reason if plan.verdict else None,
+            # Or the person's remembered approval that lets it run with no card.
+            grant_id=plan.grant.grant_id if plan.grant else None,
         )
         if plan.action == "close":
             closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
@@ -342,7 +349,11 @@ async def _plan_and_record_calls(
                 call_seal=ledger.authority.seal_request(request_id, call.id, session.id, call.tool, call.arguments),
             )
         else:
-            records.execution(store, session, call, cause, ledger.authority, request_id=None, stored=False)
+            if plan.grant is not None:
+                grants.used(store, session, call, plan.grant, cause.message_id)
+            records.execution(
+                store, session, call, cause, ledger.authority, request_id=None, stored=False, grant_id=call.grant_id
+            )
         records.new_call(store, call, position, arguments_fingerprint(call.arguments))
     return pending
 
@@ -369,6 +380,13 @@ async def _respond_to_approval(
         records.refusal(store, session, response, refused)
         return
     assert session is not None and request is not None
+    # A remember the ledger may not give refuses the whole response, before anything of it
+    # is recorded: nothing is edited, counted or run.
+    decides = domain.tally(policy, request, response.decision).decides
+    refused = domain.judge_remember(ledger.catalogue.get(request.tool), request, response, decides=decides)
+    if refused:
+        records.refusal(store, session, response, refused)
+        return
     if response.decision == "approve":
         altered = _judge_arguments_on_record(ledger, request, step, response)
         if altered:
@@ -385,7 +403,7 @@ async def _respond_to_approval(
     if not counted.decides:
         records.approval_counted(store, session, request, response, counted)
         return
-    await _decide(ledger, store, session, request, step, response)
+    await _decide(ledger, store, session, request, step, response, counted.required)
 
 
 def _judge_arguments_on_record(
@@ -501,9 +519,11 @@ async def _decide(
     request: domain.RequestOnRecord,
     step: StepCalls,
     response: RespondToApproval,
+    required: int,
 ) -> None:
-    """The request is decided by this response: an approval runs the call, a denial
-    closes it; then the step resumes if it can."""
+    """The request is decided by this response: an approval runs the call (and, asked
+    to, is remembered as a grant for calls needing no more than `required` approvers),
+    a denial closes it; then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     store.update("approval_requests", request.id, status=domain.request_status_after(response.decision))
@@ -528,6 +548,9 @@ async def _decide(
     )
     session.updated_at = store.now
     if response.decision == "approve":
+        spec = ledger.catalogue.get(request.tool)
+        if response.remember is not None and spec is not None:
+            grants.remembered(store, session, ledger.authority, spec, request, response, approvals_required=required)
         records.execution(store, session, call, response, ledger.authority, request_id=request.id)
     else:
         records.closure(store, session, call, domain.closure_of_denial(response.reason), response)
@@ -782,6 +805,10 @@ async def _close_open_turn(
     session.updated_at = store.now
 
 
+async def _revoke_grant(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: RevokeGrant) -> None:
+    await grants.revoke(store, session, command, ledger.catalogue)
+
+
 def _seconds(since, until) -> float:
     return max(0.0, (until - since).total_seconds())
 
@@ -833,3 +860,4 @@ respond_to_approval = transition(_respond_to_approval)
 tool_executed = transition(_tool_executed)
 execution_refused = transition(_execution_refused)
 cancel_turn = transition(_cancel_turn)
+revoke_grant = transition(_revoke_grant)

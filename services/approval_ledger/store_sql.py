@@ -136,8 +136,8 @@ _OPEN_TURN = (
     .order_by(TURNS.c.created_at.desc())
     .limit(1)
 )
-_GRANTS = select(GRANTS).where(GRANTS.c.session_id == bindparam("session_id")).order_by(
-    GRANTS.c.granted_at, GRANTS.c.id
+_GRANTS = (
+    select(GRANTS).where(GRANTS.c.session_id == bindparam("session_id")).order_by(GRANTS.c.granted_at, GRANTS.c.id)
 )
 _GRANT = select(GRANTS).where(GRANTS.c.id == bindparam("grant_id"))
 _TURN_STARTER = select(TURNS.c.started_by).where(TURNS.c.id == bindparam("turn_id"))

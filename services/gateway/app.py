@@ -636,7 +636,9 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
             or may_approve(gateway.ledger.catalogue, who.user, grant.tool, False)
         ):
             raise not_found("grant")
-        revoke = RevokeGrant(session_id=grant.session_id, grant_id=grant_id, reason=body.reason, revoked_by=who.user.name)
+        revoke = RevokeGrant(
+            session_id=grant.session_id, grant_id=grant_id, reason=body.reason, revoked_by=who.user.name
+        )
         await gateway.send(revoke)
         return Revoking(grant_id=grant_id, message_id=revoke.message_id)
 

@@ -141,7 +141,11 @@ def call_on_record(record: Any) -> CallOnRecord:
             record.grant_seal,
         )
     return CallOnRecord(
-        *record[:5],
+        record.tool,
+        record.arguments,
+        record.id,
+        record.decision,
+        record.call_seal,
         session_id=record.session_id,
         created_at=record.created_at,
         grant_id=record.grant_id,

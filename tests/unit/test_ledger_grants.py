@@ -39,6 +39,7 @@ def catalogue(version: str = "1") -> ToolCatalogue:
                     "target": "customer {customer}",
                     "approvers": ["alice", "bob"],
                     "rememberable": {"outward": True},
+                    "editable": ["amount"],
                     "parameters": REFUND_PARAMETERS,
                 },
                 {
@@ -252,3 +253,12 @@ async def test_anyone_else_may_not_revoke_and_a_grant_is_revoked_once_in_its_own
     await revoke(rig, grant["id"])
     await revoke(rig, grant["id"])
     assert rig.rejected() == ["may_not_revoke", "unknown_grant", "unknown_session", "grant_revoked"]
+
+
+async def test_an_edited_approval_cannot_be_remembered_and_the_edit_is_not_applied(rig):
+    requested = await rig.ask("refund", amount=20, customer="c-1")
+    await rig.respond(requested, responder="alice", remember=Remember(target=None),
+                      edited_arguments={"amount": 25, "customer": "c-1"})
+    assert rig.rejected() == ["remember_with_edit"]
+    assert rig.rows("tool_calls")[0]["arguments"] == {"amount": 20, "customer": "c-1"}
+    assert rig.events("tool.execute") == [] and rig.rows("grants") == []
