@@ -905,6 +905,16 @@ class TurnSpend:
     tokens: int
 
 
+def spent_with(stored: TurnSpend, spent_now: Sequence[tuple[ProviderAttempt, str]]) -> TurnSpend:
+    """What the turn used, counting the provider attempts the transition at hand records
+    (not yet in the rows the stored spend was read from)."""
+    return TurnSpend(
+        stored.steps,
+        stored.provider_calls + len(spent_now),
+        stored.tokens + sum(a.usage.input_tokens + a.usage.output_tokens for a, _ in spent_now),
+    )
+
+
 @dataclass(frozen=True)
 class BoundReached:
     bound: Literal["steps", "tokens"]

@@ -14,19 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared import faults
-from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import UNPROVEN, ParkedMessage, proven_sender
 from shared.messages import (
-    ApprovalCard,
-    ApprovalDecided,
-    ApprovalEscalated,
-    ApprovalExpired,
     CancelTurn,
     Envelope,
     ModelStepCompleted,
-    OperatorAlerted,
     ProposedToolCall,
     ProviderAttempt,
     RefuseExecution,
@@ -41,14 +35,10 @@ from shared.messages import (
     mint,
 )
 from shared.observability import (
-    APPROVAL_OUTCOMES,
-    ESCALATIONS,
     LEDGER_TRANSACTION,
-    TIME_TO_DECISION,
     TURNS_BOUNDED,
     counting_on_commit,
     timed,
-    tool_label,
     when_committed,
 )
 from shared.signatures import arguments_fingerprint
@@ -94,44 +84,46 @@ def transition(handler):
     that is already open and that the caller commits: a group commit applies
     several that way in one transaction (`group_commit.py`). It raises Duplicate."""
 
-    async def within(ledger: Ledger, store: LedgerStore, message: Envelope) -> None:
-        refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
-        refused = refused or _unspoken_for(ledger, message)
-        is_turn = isinstance(message, StartTurn)
-        named = message.provider if isinstance(message, StartTurn) else None
-        provider = domain.provider_of_new_session(is_turn, refused, named, ledger.default_provider)
-        session = await store.receive_and_lock(message, create_with_provider=provider)
-        if refused:
-            records.refusal(store, session, message, refused)
-        else:
-            await handler(ledger, store, session, message)
-        if message.message_id not in store.rejected:
-            # One line per transition at INFO, once it is durable (a refusal logs its own).
-            when_committed(
-                functools.partial(
-                    log.info,
-                    "applied %s %s: session %s is %s",
-                    message.type,
-                    message.message_id,
-                    message.session_id,
-                    session.status if session is not None else "unknown",
-                )
-            )
-
     @functools.wraps(handler)
     async def apply(ledger: Ledger, message: Envelope) -> None:
         # Counts implied by the transition move only once it commits (shared/observability.py).
         with counting_on_commit() as committed, timed(LEDGER_TRANSACTION.labels(message.type)):
             async with ledger.unit_of_work() as store:
                 try:
-                    await within(ledger, store, message)
+                    await _within(handler, ledger, store, message)
                     await store.commit()
                 except Duplicate:
                     return
             committed()
 
-    apply.within = within  # type: ignore[attr-defined]
+    apply.within = functools.partial(_within, handler)  # type: ignore[attr-defined]
     return apply
+
+
+async def _within(handler, ledger: Ledger, store: LedgerStore, message: Envelope) -> None:
+    """One transition in a unit of work the caller commits: receive and lock, then refuse or apply."""
+    refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
+    refused = refused or _unspoken_for(ledger, message)
+    is_turn = isinstance(message, StartTurn)
+    named = message.provider if isinstance(message, StartTurn) else None
+    provider = domain.provider_of_new_session(is_turn, refused, named, ledger.default_provider)
+    session = await store.receive_and_lock(message, create_with_provider=provider)
+    if refused:
+        records.refusal(store, session, message, refused)
+    else:
+        await handler(ledger, store, session, message)
+    if message.message_id not in store.rejected:
+        # One line per transition at INFO, once it is durable (a refusal logs its own).
+        when_committed(
+            functools.partial(
+                log.info,
+                "applied %s %s: session %s is %s",
+                message.type,
+                message.message_id,
+                message.session_id,
+                session.status if session is not None else "unknown",
+            )
+        )
 
 
 def _unspoken_for(ledger: Ledger, message: Envelope) -> domain.Refusal | None:
@@ -163,16 +155,7 @@ async def _start_turn(ledger: Ledger, store: LedgerStore, session: SessionState 
     if refused:
         records.refusal(store, session, command, refused)
         return
-    turn_id = records.new_turn(store, session, command.started_by)
-    store.audit(
-        session,
-        session.id,
-        "turn.started",
-        subject=turn_id,
-        actor=command.started_by,
-        message_id=command.message_id,
-        text_digest=digest_of(command.text),
-    )
+    turn_id = records.new_turn(store, session, command)
     records.session_starter(store, session, domain.session_starter(session.started_by, command.started_by))
     records.append(store, session, TranscriptEntry(role="user", text=command.text))
     session.updated_at = store.now
@@ -193,8 +176,7 @@ async def _model_step_completed(
     if judged.verdict == "duplicate":
         log.info("discarded a second report for step %s", step.id)
         return
-    store.update("steps", step.id, status="completed", completed_at=store.now)
-    session.updated_at = store.now
+    records.step_completed(store, session, step)
     failure = domain.provider_failure(report.error)
     if failure is not None:
         code, text = failure
@@ -216,7 +198,9 @@ async def _model_step_completed(
         records.end_turn(store, session, completed)
         return
     earlier = await store.pending_request_ids(session.id) if loaded.session_waits else []
-    pending = await _plan_and_record_calls(ledger, store, session, calls, earlier, report)
+    # The session's grants: a call one covers runs with no card (approve and remember).
+    remembered = await store.grants(session.id)
+    pending = _plan_and_record_calls(ledger, store, session, calls, earlier, report, remembered)
     resumed = domain.resume(calls, session_waits=bool(pending), output_limit=ledger.tool_output_model_chars)
     await _resume(
         ledger, store, session, step.turn_id, resumed, report, last_words=report.text, spent_now=judged.attempts
@@ -239,12 +223,7 @@ async def _resume(
     is told, and the provider is not called again. `spent_now`: the provider attempts
     this transition records (not yet in the rows it reads)."""
     if resumed.entries is not None and (ledger.turn_bounds.steps or ledger.turn_bounds.tokens):
-        stored = await store.turn_spend(session.id, turn_id)
-        spent = domain.TurnSpend(
-            stored.steps,
-            stored.provider_calls + len(spent_now),
-            stored.tokens + sum(a.usage.input_tokens + a.usage.output_tokens for a, _ in spent_now),
-        )
+        spent = domain.spent_with(await store.turn_spend(session.id, turn_id), spent_now)
         reached = domain.turn_bound_reached(ledger.turn_bounds, spent, last_words)
         if reached is not None:
             for entry in resumed.entries:
@@ -284,78 +263,89 @@ def _new_call(session: SessionState, step: domain.Step, proposed: ProposedToolCa
     )
 
 
-async def _plan_and_record_calls(
+def _plan_and_record_calls(
     ledger: Ledger,
     store: LedgerStore,
     session: SessionState,
     calls: list[domain.Call],
     earlier: list[str],
     cause: ModelStepCompleted,
+    remembered: list[decision_rules.Grant],
 ) -> list[str]:
     """Ask, run or close each new call as planned; the session's pending request ids after it.
 
     The session waits on every pending request and each `approval.requested` names
     them all (invariant 5). Earlier requests come first; this step's are minted in
-    ascending order so that the ledger's order (created_at, id) is the model's."""
-    # The session's grants: a call one covers runs with no card (approve and remember).
-    remembered = await store.grants(session.id)
+    ascending order so that the ledger's order (created_at, id) is the model's. A call
+    one of the session's grants (`remembered`) covers runs with no card."""
     plans = domain.plan_calls(cause.tool_calls, ledger.catalogue, remembered, session_id=session.id, at=store.now)
     asks = [call for plan, call in zip(plans, calls, strict=True) if plan.action == "ask"]
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
     for position, (plan, call) in enumerate(zip(plans, calls, strict=True)):
-        store.audit(
-            session,
-            session.id,
-            "call.proposed",
-            subject=call.id,
-            actor="model",
-            message_id=cause.message_id,
-            tool=call.tool,
-            call_digest=ledger.authority.digest(
-                call.id, call.tool, plan.spec.version if plan.spec else "", call.arguments
-            ),
-            plan={"ask": "ask", "execute": "run", "close": "close"}[plan.action],
-            reason_code=plan.reason_code,
-            # Why it asks, or why it runs unasked (a rule over its arguments may say none is needed).
-            reason=plan.verdict.reason if plan.verdict else None,
-            # Or the person's remembered approval that lets it run with no card.
-            grant_id=plan.grant.grant_id if plan.grant else None,
-        )
-        if plan.action == "close":
-            closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
-            records.closure(store, session, call, closed, cause, stored=False)
-        elif plan.action == "ask":
-            assert plan.spec is not None
-            call.status = "awaiting_approval"
-            request_id = request_ids[call.id]
-            digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
-            assert plan.verdict is not None
-            card = plan.spec.card(call.arguments, reason=plan.verdict.reason)
-            records.approval_request(
-                store,
-                session,
-                call,
-                request_id,
-                card,
-                digest,
-                pending,
-                cause,
-                verdict=plan.verdict,
-                expires_at=domain.deadline(store.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
-                escalate_at=domain.escalation_time(store.now, plan.spec),
-                attempt=domain.producing_attempt(cause.attempts),
-                run_id=ledger.run_id,
-                call_seal=ledger.authority.seal_request(request_id, call.id, session.id, call.tool, call.arguments),
-            )
-        else:
-            if plan.grant is not None:
-                grants.used(store, session, call, plan.grant, cause.message_id)
-            records.execution(
-                store, session, call, cause, ledger.authority, request_id=None, stored=False, grant_id=call.grant_id
-            )
+        _record_call(ledger, store, session, plan, call, cause, request_ids.get(call.id), pending)
         records.new_call(store, call, position, arguments_fingerprint(call.arguments))
     return pending
+
+
+def _record_call(
+    ledger: Ledger,
+    store: LedgerStore,
+    session: SessionState,
+    plan: domain.CallPlan,
+    call: domain.Call,
+    cause: ModelStepCompleted,
+    request_id: str | None,
+    pending: list[str],
+) -> None:
+    """One new call: proposed (in the audit log), then closed, asked or run as planned."""
+    version = plan.spec.version if plan.spec else ""
+    call_digest = ledger.authority.digest(call.id, call.tool, version, call.arguments)
+    records.call_proposed(store, session, call, plan, cause, call_digest=call_digest)
+    if plan.action == "close":
+        closed = domain.ClosureOnRecord("error", reason_code=plan.reason_code, reason_text=plan.reason_text)
+        records.closure(store, session, call, closed, cause, stored=False)
+    elif plan.action == "ask":
+        assert request_id is not None
+        _ask(ledger, store, session, plan, call, request_id, pending, cause)
+    else:
+        if plan.grant is not None:
+            grants.used(store, session, call, plan.grant, cause.message_id)
+        records.execution(
+            store, session, call, cause, ledger.authority, request_id=None, stored=False, grant_id=call.grant_id
+        )
+
+
+def _ask(
+    ledger: Ledger,
+    store: LedgerStore,
+    session: SessionState,
+    plan: domain.CallPlan,
+    call: domain.Call,
+    request_id: str,
+    pending: list[str],
+    cause: ModelStepCompleted,
+) -> None:
+    """The call waits for approval: its request, with the card, digest and seal of its arguments."""
+    assert plan.spec is not None and plan.verdict is not None
+    call.status = "awaiting_approval"
+    digest = ledger.authority.digest(request_id, call.tool, plan.spec.version, call.arguments)
+    records.approval_request(
+        store,
+        session,
+        call,
+        request_id,
+        plan.spec.card(call.arguments, reason=plan.verdict.reason),
+        digest,
+        pending,
+        cause,
+        verdict=plan.verdict,
+        expires_at=domain.deadline(store.now, plan.spec.expires_after_seconds, ledger.approval_timeout),
+        escalate_at=domain.escalation_time(store.now, plan.spec),
+        attempt=domain.producing_attempt(cause.attempts),
+        run_id=ledger.run_id,
+        call_seal=ledger.authority.seal_request(request_id, call.id, session.id, call.tool, call.arguments),
+    )
 
 
 async def _respond_to_approval(
@@ -376,17 +366,13 @@ async def _respond_to_approval(
         else domain.NOBODY
     )
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
+    # A remember the ledger may not give refuses the whole response, before anything of it
+    # is recorded: nothing is edited, counted or run.
+    refused = refused or (_judge_remember(ledger, policy, request, response) if request else None)
     if refused:
         records.refusal(store, session, response, refused)
         return
     assert session is not None and request is not None
-    # A remember the ledger may not give refuses the whole response, before anything of it
-    # is recorded: nothing is edited, counted or run.
-    decides = domain.tally(policy, request, response.decision).decides
-    refused = domain.judge_remember(ledger.catalogue.get(request.tool), request, response, decides=decides)
-    if refused:
-        records.refusal(store, session, response, refused)
-        return
     if response.decision == "approve":
         altered = _judge_arguments_on_record(ledger, request, step, response)
         if altered:
@@ -404,6 +390,15 @@ async def _respond_to_approval(
         records.approval_counted(store, session, request, response, counted)
         return
     await _decide(ledger, store, session, request, step, response, counted.required)
+
+
+def _judge_remember(
+    ledger: Ledger, policy: domain.ApprovalPolicy, request: domain.RequestOnRecord, response: RespondToApproval
+) -> domain.Refusal | None:
+    """Whether the grant the response asks for may be given (`domain.judge_remember`),
+    judged on the request as it stands: only an approval that would decide it may remember."""
+    decides = domain.tally(policy, request, response.decision).decides
+    return domain.judge_remember(ledger.catalogue.get(request.tool), request, response, decides=decides)
 
 
 def _judge_arguments_on_record(
@@ -502,14 +497,11 @@ async def _close_altered(
     assert call is not None, f"request {request.id} without its call"
     log.error("call %s: its arguments on record differ from the ones approved in %s", call.id, request.id)
     records.refusal(store, session, response, refused)
-    store.update("approval_requests", request.id, status="altered")
-    when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "altered").inc)
-    closed = domain.closure_of_altered()
-    records.closure(store, session, call, closed, response)
+    records.request_closed(store, request, "altered")
+    records.closure(store, session, call, domain.closure_of_altered(), response)
     records.alert(store, session, call, refused.reason_code, refused.reason_text, response)
     session.updated_at = store.now
-    resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, store, session, call.turn_id, resumed, response)
+    await _resume_step(ledger, store, session, step, call.turn_id, response)
 
 
 async def _decide(
@@ -526,26 +518,9 @@ async def _decide(
     a denial closes it; then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
-    store.update("approval_requests", request.id, status=domain.request_status_after(response.decision))
-    tool = tool_label(request.tool)
-    when_committed(APPROVAL_OUTCOMES.labels(tool, domain.request_status_after(response.decision)).inc)
-    if request.created_at is not None:
-        waited = _seconds(request.created_at, store.now)
-        when_committed(functools.partial(TIME_TO_DECISION.labels(tool).observe, waited))
     call.note = domain.note_of(response, edit=domain.edit_of(request.card))
-    records.decision(store, session, request, response, message=call.note.message if call.note else "")
-    store.emit(
-        session,
-        ApprovalDecided(
-            session_id=session.id,
-            causation_id=response.message_id,
-            request_id=request.id,
-            call_id=call.id,
-            decision=response.decision,
-            reason=response.reason,
-            responder=response.responder,
-        ),
-    )
+    status = domain.request_status_after(response.decision)
+    records.decision(store, session, request, response, status=status, message=call.note.message if call.note else "")
     session.updated_at = store.now
     if response.decision == "approve":
         spec = ledger.catalogue.get(request.tool)
@@ -554,8 +529,15 @@ async def _decide(
         records.execution(store, session, call, response, ledger.authority, request_id=request.id)
     else:
         records.closure(store, session, call, domain.closure_of_denial(response.reason), response)
+    await _resume_step(ledger, store, session, step, call.turn_id, response)
+
+
+async def _resume_step(
+    ledger: Ledger, store: LedgerStore, session: SessionState, step: StepCalls, turn_id: str, cause: Envelope | None
+) -> None:
+    """A call of the step closed or runs now: the step resumes if it can (`_resume`)."""
     resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, store, session, call.turn_id, resumed, response)
+    await _resume(ledger, store, session, turn_id, resumed, cause)
 
 
 async def _tool_executed(
@@ -573,8 +555,24 @@ async def _tool_executed(
         # but the inbox row keeps it from being looked at again.
         log.info("ignored a report for call %s in status %s", call.id, call.status)
         return
-    # The result is the one the executor recorded in its claim, taken under the ledger's
-    # own authorization of this call: the report only says it is there (and may be forged).
+    claim = await _finished_claim(ledger, store, session, call, report)
+    if claim is None:
+        return
+    closed = domain.closure_of_claim(claim)
+    records.execution_finished(store, session, call, claim, closed, report)
+    records.closure(store, session, call, closed, report)
+    if domain.needs_operator(closed):
+        records.operator_alert(store, session, call, closed, report)
+    session.updated_at = store.now
+    await _resume_step(ledger, store, session, step, call.turn_id, report)
+
+
+async def _finished_claim(
+    ledger: Ledger, store: LedgerStore, session: SessionState, call: domain.Call, report: ToolExecuted
+) -> domain.ClaimOnRecord | None:
+    """The result is the one the executor recorded in its claim, taken under the ledger's
+    own authorization of this call: the report only says it is there (and may be forged).
+    None: the report is refused, and an operator told."""
     claim = await store.claim(call.id)
     sealed = claim is not None and ledger.authority.sealed_claim(
         claim.authorization, call_id=call.id, session_id=call.session_id, tool=call.tool, arguments=call.arguments
@@ -586,36 +584,8 @@ async def _tool_executed(
         records.alert(
             store, session, call, refused.reason_code, f"A tool.completed was refused: {refused.reason_text}", report
         )
-        return
-    assert claim is not None
-    closed = domain.closure_of_claim(claim)
-    store.audit(
-        session,
-        session.id,
-        "execution.claimed",
-        subject=call.id,
-        actor=claim.holder,
-        message_id=report.message_id,
-        attempt=claim.attempts,
-        claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
-    )
-    store.audit(
-        session,
-        session.id,
-        "execution.finished",
-        subject=call.id,
-        actor=sender.get(),
-        message_id=report.message_id,
-        outcome=claim.outcome,
-        output_digest=None if closed.output is None else digest_of(closed.output),
-        error_digest=None if closed.kind == "output" or closed.reason_text is None else digest_of(closed.reason_text),
-    )
-    records.closure(store, session, call, closed, report)
-    if domain.needs_operator(closed):
-        records.operator_alert(store, session, call, closed, report)
-    session.updated_at = store.now
-    resumed = domain.resume(step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars)
-    await _resume(ledger, store, session, call.turn_id, resumed, report)
+        return None
+    return claim
 
 
 async def _execution_refused(
@@ -624,28 +594,7 @@ async def _execution_refused(
     """The executor refused a `tool.execute` it could not verify: nothing ran, and
     only a person can tell whether someone is forging commands."""
     log.warning("the executor refused call %s: %s", refusal.call_id, refusal.reason_code)
-    store.audit(
-        session,
-        refusal.session_id,
-        "execution.refused",
-        subject=refusal.call_id,
-        actor=sender.get(),
-        message_id=refusal.message_id,
-        tool=refusal.tool,
-        reason_code=refusal.reason_code,
-        reason_digest=digest_of(refusal.reason_text),
-    )
-    store.emit(
-        session,
-        OperatorAlerted(
-            session_id=refusal.session_id,
-            causation_id=refusal.message_id,
-            call_id=refusal.call_id,
-            tool=refusal.tool,
-            reason_code=refusal.reason_code,
-            reason_text=f"The executor refused to run it: {refusal.reason_text}",
-        ),
-    )
+    records.execution_refused(store, session, refusal)
 
 
 async def expire_request(ledger: Ledger, request_id: str, session_id: str) -> bool:
@@ -668,21 +617,10 @@ async def _expire_request(ledger: Ledger, request_id: str, session_id: str) -> b
             return False
         call = step.find(request.call_id)
         assert call is not None, f"request {request.id} without its call"
-        store.update("approval_requests", request.id, status="expired")
-        when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), "expired").inc)
-        assert request.expires_at is not None
-        store.emit(
-            session,
-            ApprovalExpired(
-                session_id=session.id, request_id=request.id, call_id=call.id, expired_at=request.expires_at
-            ),
-        )
+        records.expiry(store, session, request)
         records.closure(store, session, call, domain.closure_of_expiry(request), None)
         session.updated_at = store.now
-        resumed = domain.resume(
-            step.calls, session_waits=step.session_waits, output_limit=ledger.tool_output_model_chars
-        )
-        await _resume(ledger, store, session, call.turn_id, resumed, None)
+        await _resume_step(ledger, store, session, step, call.turn_id, None)
         await store.commit()
         return True
 
@@ -707,21 +645,7 @@ async def _escalate_request(ledger: Ledger, request_id: str, session_id: str) ->
         if session is None or not domain.may_escalate(request, spec):
             return False
         assert request is not None and spec is not None and spec.escalation is not None
-        escalated_to = sorted(ledger.catalogue.principals(spec.escalation.to))
-        store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)
-        when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)
-        store.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
-        store.emit(
-            session,
-            ApprovalEscalated(
-                session_id=session.id,
-                request_id=request.id,
-                call_id=request.call_id,
-                card=ApprovalCard.model_validate(request.card),
-                args_digest=request.args_digest,
-                escalated_to=escalated_to,
-            ),
-        )
+        records.escalation(store, session, request, sorted(ledger.catalogue.principals(spec.escalation.to)))
         await store.commit()
         return True
 
@@ -799,7 +723,7 @@ async def _close_open_turn(
         if domain.needs_operator(closed):
             records.operator_alert(store, session, call, closed, cause)
     if step is not None and step.status == "requested":
-        store.update("steps", step.id, status="cancelled")
+        records.step_discarded(store, step)
     for entry in domain.resume(calls, session_waits=False, output_limit=ledger.tool_output_model_chars).entries or []:
         records.append(store, session, entry)
     session.updated_at = store.now
@@ -807,10 +731,6 @@ async def _close_open_turn(
 
 async def _revoke_grant(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: RevokeGrant) -> None:
     await grants.revoke(store, session, command, ledger.catalogue)
-
-
-def _seconds(since, until) -> float:
-    return max(0.0, (until - since).total_seconds())
 
 
 async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:

@@ -7,6 +7,7 @@ Each function records one decision already taken by `domain`; none decides.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 from datetime import datetime
@@ -19,14 +20,19 @@ from shared.ledger import transcripts
 from shared.messages import (
     ApprovalCard,
     ApprovalCounted,
+    ApprovalDecided,
+    ApprovalEscalated,
+    ApprovalExpired,
     ApprovalRequested,
     Envelope,
     ExecuteTool,
     MessageRejected,
     OperatorAlerted,
     ProviderAttempt,
+    RefuseExecution,
     RequestModelStep,
     RespondToApproval,
+    StartTurn,
     ToolCallClosed,
     TranscriptCall,
     TranscriptEntry,
@@ -39,7 +45,9 @@ from shared.observability import (
     APPROVAL_OUTCOMES,
     APPROVALS_REQUESTED,
     CALLS_CLOSED,
+    ESCALATIONS,
     MESSAGES_REJECTED,
+    TIME_TO_DECISION,
     tool_label,
     when_committed,
 )
@@ -49,6 +57,8 @@ from .authority import Authority
 from .decision_rules import Verdict
 from .domain import (
     Call,
+    CallPlan,
+    ClaimOnRecord,
     ClosureOnRecord,
     Refusal,
     RequestOnRecord,
@@ -122,7 +132,8 @@ def append(store: LedgerStore, session: SessionState, entry: TranscriptEntry) ->
     store.add("transcript", {"session_id": session.id, "position": session.transcript_len, "entry": stored})
 
 
-def new_turn(store: LedgerStore, session: SessionState, started_by: str | None) -> str:
+def new_turn(store: LedgerStore, session: SessionState, command: StartTurn) -> str:
+    """A turn, running, and who started it with what (the text as a digest in the audit log)."""
     turn_id = mint("trn")
     store.add(
         "turns",
@@ -131,10 +142,19 @@ def new_turn(store: LedgerStore, session: SessionState, started_by: str | None) 
             "session_id": session.id,
             "status": "running",
             "final_text": None,
-            "started_by": started_by,
+            "started_by": command.started_by,
             "created_at": store.now,
             "completed_at": None,
         },
+    )
+    store.audit(
+        session,
+        session.id,
+        "turn.started",
+        subject=turn_id,
+        actor=command.started_by,
+        message_id=command.message_id,
+        text_digest=digest_of(command.text),
     )
     return turn_id
 
@@ -477,11 +497,18 @@ def decision(
     request: RequestOnRecord,
     response: RespondToApproval,
     *,
+    status: str,
     message: str | None = None,
 ) -> None:
-    """`message`: what the model is told with the decision (the person's message, and an
-    edit of the arguments, if any); the response's message when not given."""
+    """The request decided by this response: it leaves `pending` as `status`, its
+    decision row is written once, and `approval.decided` says so. `message`: what the
+    model is told with the decision (the person's message, and an edit of the
+    arguments, if any); the response's message when not given."""
     request_id = request.id
+    request_closed(store, request, status)
+    if request.created_at is not None:
+        waited = _seconds(request.created_at, store.now)
+        when_committed(functools.partial(TIME_TO_DECISION.labels(tool_label(request.tool)).observe, waited))
     store.audit(
         session,
         session.id,
@@ -506,6 +533,155 @@ def decision(
             "channel": response.key_id,
             "decided_at": store.now,
         },
+    )
+    store.emit(
+        session,
+        ApprovalDecided(
+            session_id=session.id,
+            causation_id=response.message_id,
+            request_id=request_id,
+            call_id=request.call_id,
+            decision=response.decision,
+            reason=response.reason,
+            responder=response.responder,
+        ),
+    )
+
+
+def _seconds(since: datetime, until: datetime) -> float:
+    # A clock stepped back between request and decision counts as no wait, not a negative one.
+    return max(0.0, (until - since).total_seconds())
+
+
+def request_closed(store: LedgerStore, request: RequestOnRecord, status: str) -> None:
+    """The request leaves `pending` as `status` (approved, denied, expired, altered), counted once committed."""
+    store.update("approval_requests", request.id, status=status)
+    when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), status).inc)
+
+
+def expiry(store: LedgerStore, session: SessionState, request: RequestOnRecord) -> None:
+    """The request's deadline passed with nobody deciding: it closes as expired, and the channels are told."""
+    request_closed(store, request, "expired")
+    assert request.expires_at is not None
+    store.emit(
+        session,
+        ApprovalExpired(
+            session_id=session.id, request_id=request.id, call_id=request.call_id, expired_at=request.expires_at
+        ),
+    )
+
+
+def escalation(store: LedgerStore, session: SessionState, request: RequestOnRecord, escalated_to: list[str]) -> None:
+    """The request announced again to its escalation group: when and to whom is kept on
+    its row (so it happens once, and they may approve from now on) and counted."""
+    store.update("approval_requests", request.id, escalated_at=store.now, escalated_to=escalated_to)
+    when_committed(ESCALATIONS.labels(tool_label(request.tool)).inc)
+    store.audit(session, session.id, "approval.escalated", subject=request.id, to=escalated_to)
+    store.emit(
+        session,
+        ApprovalEscalated(
+            session_id=session.id,
+            request_id=request.id,
+            call_id=request.call_id,
+            card=ApprovalCard.model_validate(request.card),
+            args_digest=request.args_digest,
+            escalated_to=escalated_to,
+        ),
+    )
+
+
+def step_completed(store: LedgerStore, session: SessionState, step: Step) -> None:
+    """The model step reported: it is done (a second report is discarded, see `domain.judge_step_report`)."""
+    store.update("steps", step.id, status="completed", completed_at=store.now)
+    session.updated_at = store.now
+
+
+def step_discarded(store: LedgerStore, step: Step) -> None:
+    """A model step still running when its turn ends: its report, when it comes, changes nothing."""
+    store.update("steps", step.id, status="cancelled")
+
+
+# How the audit log names a call's plan (`domain.CallPlan.action`).
+PLAN_SAID = {"ask": "ask", "execute": "run", "close": "close"}
+
+
+def call_proposed(
+    store: LedgerStore, session: SessionState, call: Call, plan: CallPlan, cause: Envelope, *, call_digest: str
+) -> None:
+    """The model asked for the call, and what the ledger plans for it, in the audit log."""
+    store.audit(
+        session,
+        session.id,
+        "call.proposed",
+        subject=call.id,
+        actor="model",
+        message_id=cause.message_id,
+        tool=call.tool,
+        call_digest=call_digest,
+        plan=PLAN_SAID[plan.action],
+        reason_code=plan.reason_code,
+        # Why it asks, or why it runs unasked (a rule over its arguments may say none is needed).
+        reason=plan.verdict.reason if plan.verdict else None,
+        # Or the person's remembered approval that lets it run with no card.
+        grant_id=plan.grant.grant_id if plan.grant else None,
+    )
+
+
+def execution_finished(
+    store: LedgerStore,
+    session: SessionState,
+    call: Call,
+    claim: ClaimOnRecord,
+    closed: ClosureOnRecord,
+    report: Envelope,
+) -> None:
+    """The executor's claim, and the run it finished, in the audit log (the result as a digest)."""
+    store.audit(
+        session,
+        session.id,
+        "execution.claimed",
+        subject=call.id,
+        actor=claim.holder,
+        message_id=report.message_id,
+        attempt=claim.attempts,
+        claimed_at=claim.claimed_at.isoformat() if claim.claimed_at else None,
+    )
+    store.audit(
+        session,
+        session.id,
+        "execution.finished",
+        subject=call.id,
+        actor=sender.get(),
+        message_id=report.message_id,
+        outcome=claim.outcome,
+        output_digest=None if closed.output is None else digest_of(closed.output),
+        error_digest=None if closed.kind == "output" or closed.reason_text is None else digest_of(closed.reason_text),
+    )
+
+
+def execution_refused(store: LedgerStore, session: SessionState | None, refusal: RefuseExecution) -> None:
+    """The executor refused a `tool.execute` it could not verify: the audit log says so, and an operator is told."""
+    store.audit(
+        session,
+        refusal.session_id,
+        "execution.refused",
+        subject=refusal.call_id,
+        actor=sender.get(),
+        message_id=refusal.message_id,
+        tool=refusal.tool,
+        reason_code=refusal.reason_code,
+        reason_digest=digest_of(refusal.reason_text),
+    )
+    store.emit(
+        session,
+        OperatorAlerted(
+            session_id=refusal.session_id,
+            causation_id=refusal.message_id,
+            call_id=refusal.call_id,
+            tool=refusal.tool,
+            reason_code=refusal.reason_code,
+            reason_text=f"The executor refused to run it: {refusal.reason_text}",
+        ),
     )
 
 

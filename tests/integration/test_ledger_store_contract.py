@@ -356,3 +356,39 @@ async def test_a_withdrawn_request_and_a_held_back_claim_are_written_at_commit(s
         assert (claim.holder, claim.status, claim.outcome, claim.result) == (
             "ledger", "finished", "error", {"error": CANCELLED_BEFORE_RUNNING},
         )
+
+
+@pytest.mark.parametrize("stores", ["memory", "postgres"], indirect=True)
+async def test_an_executor_claiming_between_hold_backs_read_and_its_commit_fails_the_commit_and_the_retry_finds_its_claim(
+    stores,
+):
+    # The race `LedgerStore.hold_back` leaves to the claim's primary key: its locked read
+    # finds no claim (nothing to lock), the executor claims the call and commits, then the
+    # ledger's commit must fail rather than overwrite or ignore the executor's claim, and the
+    # transition applied again reads the executor's claim. (SQLite cannot interleave so: the
+    # ledger's transaction holds the one writer from its inbox row on.)
+    seed = await seeded(stores)
+    session_id = seed["session_id"]
+    call = Call(id="call_new", session_id=session_id, step_id="stp_2", turn_id="trn_1", provider_call_id="p9",
+                tool="t", arguments={}, idempotency_key="idk_9", status="executing")
+    async with stores() as ledger:
+        await ledger.lock_session(session_id)
+        assert await ledger.hold_back(call) is None
+        async with stores() as executor:
+            executor.add(
+                "execution_claims",
+                {"call_id": "call_new", "idempotency_key": "idk_9", "status": "claimed", "holder": "executor-2",
+                 "lease_expires_at": executor.now + timedelta(minutes=1), "attempts": 1, "outcome": None,
+                 "result": None, "claimed_at": executor.now, "finished_at": None, "authorization": "token"},
+            )
+            await executor.commit()
+        with pytest.raises(Exception):  # noqa: B017 - each adapter's own duplicate-key error
+            await ledger.commit()
+    async with stores() as retried:
+        await retried.lock_session(session_id)
+        claim = await retried.hold_back(call)
+        assert claim is not None and (claim.holder, claim.status) == ("executor-2", "claimed")
+        await retried.commit()
+    async with stores() as store:
+        claim = await store.claim("call_new")
+        assert (claim.holder, claim.status) == ("executor-2", "claimed")

@@ -748,6 +748,19 @@ def test_a_turn_ends_once_its_provider_tokens_reach_the_bound_and_a_zero_bound_i
     reached = turn_bound_reached(TurnBounds(steps=0, tokens=100), TurnSpend(50, 50, 100), "")
     assert reached is not None and reached.bound == "tokens" and "bound of 100 provider tokens" in reached.text
     assert turn_bound_reached(TurnBounds(steps=0, tokens=0), TurnSpend(10**6, 10**6, 10**9), "") is None
+
+
+def test_a_turns_spend_counts_the_provider_attempts_and_tokens_the_transition_at_hand_records():
+    from services.approval_ledger.domain import TurnSpend, spent_with
+    from shared.messages import Usage
+
+    stored = TurnSpend(steps=2, provider_calls=3, tokens=100)
+    now_spent = (
+        (Attempt(number=1, status="failed", provider="p", usage=Usage(input_tokens=5, output_tokens=0)), "failed"),
+        (Attempt(number=2, status="completed", provider="p", usage=Usage(input_tokens=7, output_tokens=11)), "completed"),
+    )
+    assert spent_with(stored, now_spent) == TurnSpend(steps=2, provider_calls=5, tokens=123)
+    assert spent_with(stored, ()) == stored
 # --- whom a channel speaks for (docs/design.md, "Trust boundaries") -------------------
 
 SPEAKERS = {"inbox": Channel("inbox", CHANNEL_KEY.public_key(), ("alice",)),
