@@ -829,7 +829,9 @@ MUTATIONS = [
   ("a grant covers calls of another session", "services/approval_ledger/decision_rules.py",
    "        if grant.session_id == session_id\n",
    "        if True\n",
-   "tests/integration/test_gateway_grants.py::test_a_grant_covers_no_call_of_another_session[sqlite]"),
+   # The rule's own test: the store reads only the session's grants too, so over the
+   # services the other layer still holds (test_gateway_grants.py::test_a_grant_covers_no_call_of_another_session).
+   "tests/unit/test_decision_rules.py::test_a_grant_covers_no_other_session_tool_version_or_target"),
   ("a revoked grant still covers calls", "services/approval_ledger/decision_rules.py",
    "        and (grant.revoked_at is None or now < grant.revoked_at)\n",
    "        and True\n",
