@@ -35,6 +35,7 @@ from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import (
     TABLES,
     ApprovalRequest,
+    AuditEntry,
     Closure,
     DeadLetterAction,
     Grant,
@@ -555,7 +556,8 @@ async def list_grants(settings: Settings, session_id: str | None) -> int:
 
 
 async def revoke_grant(settings: Settings, grant_id: str, reason: str, by: str) -> int:
-    """Revoke a grant as `by` (the ledger judges whether they may) and wait for its verdict."""
+    """Revoke a grant as `by` (the ledger judges whether they may) and wait for its
+    verdict: the audit log's entry for this very command (revoked, or refused and why)."""
     check_may_assert(settings, by)
     async with Console(settings) as console:
         async with console.sessions() as db:
@@ -564,28 +566,26 @@ async def revoke_grant(settings: Settings, grant_id: str, reason: str, by: str) 
             print(f"signoff: no grant {grant_id}", file=sys.stderr)
             return 1
         command = RevokeGrant(session_id=grant.session_id, grant_id=grant_id, reason=reason, revoked_by=by)
-        events = await console.watch(grant.session_id)
         await console.send(command)
-        try:
-            async with asyncio.timeout(30):
-                while True:
-                    async with console.sessions() as db:
-                        revoked = await db.scalar(select(Grant.revoked_at).where(Grant.id == grant_id))
-                    if revoked is not None:
-                        print(f"revoked grant {grant_id}: calls decided from now on ask a person again")
-                        return 0
-                    raw = await events.get(no_ack=True, fail=False)
-                    if raw is None:
-                        await asyncio.sleep(0.1)
-                        continue
-                    event = EVENT.validate_json(raw.body)
-                    if event.type == "message.rejected" and event.rejected_message_id == command.message_id:
-                        said = f"{event.reason_code}: {visible(event.reason_text, TEXT_CHARS)}"
-                        print(f"signoff: not revoked: {said}", file=sys.stderr)
-                        return 1
-        except TimeoutError:
-            print(f"signoff: revocation sent for {grant_id}; no answer from the ledger within 30 s", file=sys.stderr)
-            return 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            async with console.sessions() as db:
+                entry = await db.scalar(
+                    select(AuditEntry).where(
+                        AuditEntry.session_id == grant.session_id, AuditEntry.message_id == command.message_id
+                    )
+                )
+            if entry is not None and entry.kind == "grant.revoked":
+                print(f"revoked grant {grant_id}: calls decided from now on ask a person again")
+                return 0
+            if entry is not None:
+                detail = entry.detail or {}
+                said = f"{detail.get('reason_code')}: {visible(str(detail.get('reason_text', '')), TEXT_CHARS)}"
+                print(f"signoff: not revoked: {said}", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.2)
+        print(f"signoff: revocation sent for {grant_id}; no answer from the ledger within 30 s", file=sys.stderr)
+        return 1
 
 
 async def dead_letters(settings: Settings, limit: int = 100) -> int:

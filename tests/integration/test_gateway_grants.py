@@ -175,3 +175,32 @@ async def test_forged_remembers_and_a_forged_grant_basis_are_refused_and_nothing
     assert (alert.call_id, alert.reason_code) == (call.id, "not_on_record")
     assert "no grant of this call is on record" in alert.reason_text
     assert sink.counts["/refunds"] == 1
+
+
+async def test_signoff_grants_lists_a_sessions_grants_and_revokes_one_and_the_audit_story_tells_it(gateway, sink):
+    from tests.integration.test_command_line import signoff
+
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        session_id = f"remember-{mint('ses')}"
+        await turn(alice, session_id)
+        card = await pending_card(alice, session_id)
+        assert (await alice.decide(card["id"], remember={"target": card["target"], "hours": 2})).json()["decided"]
+        await refunds(sink, 1)
+        await idle(alice, session_id)
+        [grant] = await rows(gateway, Grant, session_id=session_id)
+        listed = await asyncio.to_thread(signoff, gateway, "grants", "--session", session_id)
+        assert f"{grant.id}  live  session {session_id}  refund v1 on customer c-1, until " in listed, listed
+        assert "given by alice" in listed
+        revoked = await asyncio.to_thread(signoff, gateway, "grants", "revoke", grant.id, "--reason", "done")
+        assert f"revoked grant {grant.id}" in revoked, revoked
+        listed = await asyncio.to_thread(signoff, gateway, "grants", "--session", session_id)
+        assert f"{grant.id}  revoked by " in listed, listed
+        again = await asyncio.to_thread(signoff, gateway, "grants", "revoke", grant.id, check=False)
+        assert "not revoked: grant_revoked" in again, again
+        story = await asyncio.to_thread(signoff, gateway, "audit", "show", session_id)
+        assert f"alice approved {card['id']} and remembered it: grant {grant.id}" in story, story
+        assert f"revoked grant {grant.id} (refund)" in story and ": done" in story, story
+        await turn(alice, session_id)
+        await pending_card(alice, session_id)
+        assert sink.counts["/refunds"] == 1
