@@ -105,4 +105,10 @@ def test_the_check_finds_a_write_a_function_makes_on_the_store_itself():
 
 def test_handlers_write_only_through_records_typed_writes():
     found = direct_writes((LEDGER / "handlers.py").read_text())
-    assert [w for w in found if w.split(":")[0] not in WRITES_LEFT_IN] == []
+    assert [w for w in found if _unmutated(w.split(":")[0]) not in WRITES_LEFT_IN] == []
+
+
+def _unmutated(name: str) -> str:
+    """A function's own name, also in mutmut's copy of the module (`x__edit__mutmut_3` is `_edit`)."""
+    found = re.fullmatch(r"x_(.+)__mutmut_(?:orig|\d+)", name)
+    return found.group(1) if found else name
