@@ -177,6 +177,8 @@ async def test_forged_remembers_and_a_forged_grant_basis_are_refused_and_nothing
     assert sink.counts["/refunds"] == 1
 
 
+# Five `signoff` processes, each a Python start-up: past the default 120 s on a loaded machine.
+@pytest.mark.timeout(300)
 async def test_signoff_grants_lists_a_sessions_grants_and_revokes_one_and_the_audit_story_tells_it(gateway, sink):
     from tests.integration.test_command_line import signoff
 
