@@ -110,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     cancel.add_argument("--reason", default="")
     cancel.add_argument("--as", dest="responder", help=AS_HELP)
 
+    grants = commands.add_parser("grants", help="remembered approvals (approve and remember): list them, or revoke one")
+    grants.add_argument("--session", help="only this session's grants")
+    grants_commands = grants.add_subparsers(dest="grants_command")
+    revoke = grants_commands.add_parser("revoke", help="revoke a grant: calls decided after it ask a person again")
+    revoke.add_argument("grant_id", help="grt_… (as `signoff grants` lists it)")
+    revoke.add_argument("--reason", default="", help="why (recorded in the audit log)")
+    revoke.add_argument("--as", dest="responder", help=AS_HELP)
+
     dead = commands.add_parser(
         "dead-letters", help="list parked (dead-lettered) messages with their reasons; replay or drop them"
     )
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         from services import console
         from shared.runtime import check_reachable
 
-        if args.command in ("migrate", "session", "pending", "audit"):
+        if args.command in ("migrate", "session", "pending", "audit", "grants"):
             check_reachable(settings, only=("PostgreSQL",))
         if getattr(args, "responder", "") is None:
             from shared.keyring import os_user
@@ -199,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(console.respond(settings, args.request_id, "deny", args.reason, "", args.responder))
         if args.command == "cancel":
             return asyncio.run(console.cancel(settings, args.target, args.reason, args.responder))
+        if args.command == "grants" and args.grants_command == "revoke":
+            return asyncio.run(console.revoke_grant(settings, args.grant_id, args.reason, args.responder))
+        if args.command == "grants":
+            return asyncio.run(console.list_grants(settings, args.session))
         if args.command == "status":
             from services.status import show_status
 

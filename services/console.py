@@ -35,14 +35,16 @@ from shared.ledger.database import create_engine, migrate, sessionmaker
 from shared.ledger.tables import (
     TABLES,
     ApprovalRequest,
+    AuditEntry,
     Closure,
     DeadLetterAction,
+    Grant,
     ProviderAttemptRow,
     Session,
     TranscriptRow,
     Turn,
 )
-from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, StartTurn, mint, now
+from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, RevokeGrant, StartTurn, mint, now
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_inline, json_lines, visible
 from shared.provisioning import provision_broker, provision_database, provision_redis
 from shared.redaction import redact_text, redact_value
@@ -513,6 +515,77 @@ async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
         except TimeoutError:
             print(f"signoff: cancel sent for {session_id}; no answer from the ledger within 30 s", file=sys.stderr)
             return 1
+
+
+def grant_line(grant: Grant, at: datetime) -> str:
+    """One grant as `signoff grants` lists it (texts through `visible`)."""
+    if grant.revoked_at is not None:
+        by = visible(grant.revoked_by or "", FIELD_CHARS)
+        state = f"revoked by {by} at {grant.revoked_at.isoformat(timespec='seconds')}"
+    elif grant.expires_at is not None and grant.expires_at <= at:
+        state = "expired"
+    else:
+        state = "live"
+    target = "any target" if grant.target is None else visible(grant.target, TARGET_CHARS)
+    until = "the rest of the session" if grant.expires_at is None else grant.expires_at.isoformat(timespec="seconds")
+    return (
+        f"{grant.id}  {state}  session {visible(grant.session_id, FIELD_CHARS)}  "
+        f"{visible(grant.tool, FIELD_CHARS)} v{visible(grant.tool_version, FIELD_CHARS)} on {target}, "
+        f"until {until}; given by {visible(grant.granted_by, FIELD_CHARS)} "
+        f"at {grant.granted_at.isoformat(timespec='seconds')}"
+    )
+
+
+async def list_grants(settings: Settings, session_id: str | None) -> int:
+    """Every remembered approval (of one session, or all), live, expired or revoked."""
+    engine = create_engine(settings, identity="console", pool_size=2)
+    try:
+        async with sessionmaker(engine)() as db:
+            query = select(Grant).order_by(Grant.granted_at, Grant.id)
+            if session_id:
+                query = query.where(Grant.session_id == session_id)
+            grants = (await db.scalars(query)).all()
+        if not grants:
+            print("no grants")
+        at = now()
+        for grant in grants:
+            print(grant_line(grant, at))
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def revoke_grant(settings: Settings, grant_id: str, reason: str, by: str) -> int:
+    """Revoke a grant as `by` (the ledger judges whether they may) and wait for its
+    verdict: the audit log's entry for this very command (revoked, or refused and why)."""
+    check_may_assert(settings, by)
+    async with Console(settings) as console:
+        async with console.sessions() as db:
+            grant = await db.get(Grant, grant_id)
+        if grant is None:
+            print(f"signoff: no grant {grant_id}", file=sys.stderr)
+            return 1
+        command = RevokeGrant(session_id=grant.session_id, grant_id=grant_id, reason=reason, revoked_by=by)
+        await console.send(command)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            async with console.sessions() as db:
+                entry = await db.scalar(
+                    select(AuditEntry).where(
+                        AuditEntry.session_id == grant.session_id, AuditEntry.message_id == command.message_id
+                    )
+                )
+            if entry is not None and entry.kind == "grant.revoked":
+                print(f"revoked grant {grant_id}: calls decided from now on ask a person again")
+                return 0
+            if entry is not None:
+                detail = entry.detail or {}
+                said = f"{detail.get('reason_code')}: {visible(str(detail.get('reason_text', '')), TEXT_CHARS)}"
+                print(f"signoff: not revoked: {said}", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.2)
+        print(f"signoff: revocation sent for {grant_id}; no answer from the ledger within 30 s", file=sys.stderr)
+        return 1
 
 
 async def dead_letters(settings: Settings, limit: int = 100) -> int:

@@ -224,8 +224,12 @@ def story(entry: dict[str, Any]) -> str:
         plan = {"ask": "needs a person's approval", "run": "runs without approval (policy)"}.get(
             d.get("plan"), f"closed at once ({d.get('reason_code')})"
         )
+        if d.get("grant_id"):
+            plan = f"runs without a card: grant {d['grant_id']} covers it"
         # Why it asks or runs unasked: the tool's rule over the arguments (entries made before rules have none).
-        why = f" ({d['reason']})" if d.get("reason") and d.get("plan") in ("ask", "run") else ""
+        # (Not for a grant's: its reason says why it would have asked.)
+        shown = d.get("reason") and d.get("plan") in ("ask", "run") and not d.get("grant_id")
+        why = f" ({d['reason']})" if shown else ""
         return (
             f"the model asked to call {d.get('tool')} as {subject} (arguments {_short(d.get('call_digest'))}): "
             f"{plan}{why}"
@@ -261,8 +265,22 @@ def story(entry: dict[str, Any]) -> str:
         return f"{subject} was {'approved' if d.get('decision') == 'approve' else 'denied'} by {who}{reason}"
     if kind == "approval.escalated":
         return f"{subject} was announced again to {', '.join(d.get('to', []))}"
+    if kind == "grant.created":
+        target = f"on {d['target']}" if d.get("target") is not None else "on any target"
+        until = f"until {d['expires_at']}" if d.get("expires_at") else "for the rest of the session"
+        return (
+            f"{who} approved {d.get('request_id')} and remembered it: grant {subject} lets "
+            f"{d.get('tool')} run without a card {target}, {until}"
+        )
+    if kind == "grant.used":
+        return f"{d.get('call_id')} ({d.get('tool')}) runs without a card: {who}'s grant {subject} covers it"
+    if kind == "grant.revoked":
+        reason = f": {d['reason']}" if d.get("reason") else ""
+        return f"{who} revoked grant {subject} ({d.get('tool')}); its calls ask a person again{reason}"
     if kind == "execution.authorized":
         basis = f"the approval of {d['request_id']}" if d.get("request_id") else "policy"
+        if d.get("grant_id"):
+            basis = f"grant {d['grant_id']}"
         return f"{subject} ({d.get('tool')}) was sent to the executor on {basis}"
     if kind == "execution.claimed":
         return f"executor {who} claimed {subject} (attempt {d.get('attempt')})"

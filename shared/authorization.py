@@ -30,33 +30,40 @@ class Authorization:
     session_id: str
     tool: str
     arguments: str
-    # "approval": a person approved `request_id`; "policy": the tool needs no approval.
-    basis: Literal["approval", "policy"]
+    # "approval": a person approved `request_id`; "policy": the tool needs no approval;
+    # "grant": a person's remembered approval, `grant_id`, covers the call.
+    basis: Literal["approval", "policy", "grant"]
     request_id: str | None
     expires_at: datetime
+    grant_id: str | None = None
+
+
+Basis = Literal["approval", "policy", "grant"]
 
 
 def authorize(
     key: Ed25519PrivateKey,
     command: ExecuteTool,
     *,
-    basis: Literal["approval", "policy"],
+    basis: Basis,
     request_id: str | None,
     at: datetime,
     ttl: timedelta,
+    grant_id: str | None = None,
 ) -> str:
-    return seal(
-        key,
-        {
-            "call_id": command.call_id,
-            "session_id": command.session_id,
-            "tool": command.tool,
-            "arguments": arguments_fingerprint(command.arguments),
-            "basis": basis,
-            "request_id": request_id,
-            "expires_at": (at + ttl).isoformat(),
-        },
-    )
+    claims = {
+        "call_id": command.call_id,
+        "session_id": command.session_id,
+        "tool": command.tool,
+        "arguments": arguments_fingerprint(command.arguments),
+        "basis": basis,
+        "request_id": request_id,
+        "expires_at": (at + ttl).isoformat(),
+    }
+    # Only on a grant's authorization: the others' seals stay as they were.
+    if grant_id is not None:
+        claims["grant_id"] = grant_id
+    return seal(key, claims)
 
 
 def read_authorization(key: Ed25519PublicKey, token: str) -> Authorization:
@@ -72,6 +79,7 @@ def read_authorization(key: Ed25519PublicKey, token: str) -> Authorization:
             basis=claims["basis"],
             request_id=claims.get("request_id"),
             expires_at=datetime.fromisoformat(claims["expires_at"]),
+            grant_id=claims.get("grant_id"),
         )
     except (KeyError, TypeError, ValueError):
         raise Unverified("bad_signature", "the authorization's claims are incomplete") from None
@@ -156,3 +164,50 @@ def request_seal_names(
         claims.get("arguments"),
     )
     return named == (REQUEST_SEAL, request_id, call_id, tool, fingerprint)
+
+
+# --- the ledger's seal on a grant, made when a person's approval is remembered ----------
+
+GRANT_SEAL = "grant"
+
+
+@dataclass(frozen=True)
+class GrantTerms:
+    """What a grant allows, as the ledger sealed it: the executor checks the grant's row
+    against this seal, so a grant widened in the database (another session, tool or
+    version, any target, later expiry, more approvers) authorizes nothing."""
+
+    grant_id: str
+    session_id: str
+    tool: str
+    tool_version: str
+    target: str | None
+    approvals_required: int
+    expires_at: datetime | None
+
+    def claims(self) -> dict[str, Any]:
+        return {
+            "sealed": GRANT_SEAL,
+            "grant_id": self.grant_id,
+            "session_id": self.session_id,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "target": self.target,
+            "approvals_required": self.approvals_required,
+            "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
+        }
+
+
+def seal_grant(key: Ed25519PrivateKey, terms: GrantTerms) -> str:
+    return seal(key, terms.claims())
+
+
+def grant_seal_names(key: Ed25519PublicKey, token: str | None, terms: GrantTerms) -> bool:
+    """Whether `token` is the ledger's seal of exactly these grant terms."""
+    if not token:
+        return False
+    try:
+        claims = unseal(key, token)
+    except Unverified:
+        return False
+    return claims == terms.claims()

@@ -168,6 +168,28 @@ class CancelTurn(Envelope):
     cancelled_by: str = Field(default="unknown", max_length=256)
 
 
+class Remember(Model):
+    """Approve and remember (issue 23, section 3): the approval also grants later calls
+    of the same tool in the same session, on `target` (the card's target as shown;
+    None: any target of the tool), for `hours` (None: the rest of the session), with no
+    card. The ledger decides whether it may (`decision_rules.may_remember`)."""
+
+    target: str | None = Field(default=None, max_length=4000)
+    hours: Annotated[float, Field(allow_inf_nan=False)] | None = None
+
+
+class RevokeGrant(Envelope):
+    """Revoke a remembered approval: every call decided after it asks a person again.
+    Sent by a channel for a person it may assert (`revoked_by`); the ledger judges
+    whether they may (whoever granted it, started the session, may approve its tool,
+    or an operator)."""
+
+    type: Literal["grant.revoke"] = "grant.revoke"
+    grant_id: Identifier
+    revoked_by: str = Field(default="unknown", max_length=256, pattern=r"^[^\x00]*$")
+    reason: PersonText = ""
+
+
 class RespondToApproval(Envelope):
     """A person's answer, signed by the channel adapter that authenticated them.
 
@@ -198,6 +220,9 @@ class RespondToApproval(Envelope):
     # ledger judges it (`decision_rules.judge_edit`) and the approval then binds these
     # arguments; `args_digest` stays the digest of the card the person was shown.
     edited_arguments: dict[str, Any] | None = None
+    # Approve and remember: the grant the person asked for with this approval (signed,
+    # so a channel cannot widen it; refused as a whole if the ledger may not give it).
+    remember: Remember | None = None
 
     def signed_part(self) -> dict[str, Any]:
         signed: dict[str, Any] = {
@@ -218,6 +243,9 @@ class RespondToApproval(Envelope):
         # Only when set: an adapter that never edits never signs the field.
         if self.edited_arguments is not None:
             signed["edited_arguments"] = self.edited_arguments
+        # Only when set: an adapter that never remembers never signs the field.
+        if self.remember is not None:
+            signed["remember"] = self.remember.model_dump(mode="json")
         return signed
 
 
@@ -403,7 +431,15 @@ class MessageRejected(Envelope):
     reason_text: str
 
 
-LEDGER_INPUTS = (StartTurn, CancelTurn, RespondToApproval, ModelStepCompleted, ToolExecuted, RefuseExecution)
+LEDGER_INPUTS = (
+    StartTurn,
+    CancelTurn,
+    RespondToApproval,
+    RevokeGrant,
+    ModelStepCompleted,
+    ToolExecuted,
+    RefuseExecution,
+)
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 # Every event, written once: `Event` validates any of them, `AnyMessage` any message.
 Events = (
@@ -425,6 +461,7 @@ AnyMessage = Annotated[
     StartTurn
     | CancelTurn
     | RespondToApproval
+    | RevokeGrant
     | ModelStepCompleted
     | ToolExecuted
     | RefuseExecution

@@ -392,7 +392,8 @@ GRANTS = {
     # A step names its transcript (claim-check); the model-step reads it, nothing else.
     "model-step": ("SELECT ON transcript, alembic_version",),
     "tool-executor": (
-        "SELECT ON tool_calls, approval_requests, decisions, alembic_version",
+        # The grants: a call authorized by a remembered approval runs only if its grant is live.
+        "SELECT ON tool_calls, approval_requests, decisions, grants, alembic_version",
         "SELECT, INSERT, UPDATE ON execution_claims",
     ),
     # The HTTP gateway reads what the ledger committed and writes nothing (services/gateway):
@@ -400,7 +401,7 @@ GRANTS = {
     # verdicts on the responses it sent (the audit log, granted with the audit tables).
     "gateway": (
         "SELECT ON sessions, turns, steps, transcript, tool_calls, approval_requests, approvals, decisions, "
-        "closures, provider_attempts, outbox, alembic_version",
+        "closures, provider_attempts, outbox, grants, alembic_version",
     ),
 }
 

@@ -21,7 +21,19 @@ from .client import (
     SignoffError,
     Unauthenticated,
 )
-from .models import Cancelled, Card, Event, Me, Pending, ProblemDocument, SessionShown, Started, Verdict
+from .models import (
+    Cancelled,
+    Card,
+    Event,
+    GrantShown,
+    Me,
+    Pending,
+    ProblemDocument,
+    Revoking,
+    SessionShown,
+    Started,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from .channel import ChannelAdapter
@@ -34,11 +46,13 @@ __all__ = [
     "Client",
     "DecisionPending",
     "Event",
+    "GrantShown",
     "Me",
     "Pending",
     "ProblemDocument",
     "ProblemError",
     "Refused",
+    "Revoking",
     "SessionShown",
     "SignoffError",
     "Started",

@@ -40,7 +40,21 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from .models import Cancelled, Card, Cards, Event, Me, Pending, ProblemDocument, SessionShown, Started, Verdict
+from .models import (
+    Cancelled,
+    Card,
+    Cards,
+    Event,
+    Grants,
+    GrantShown,
+    Me,
+    Pending,
+    ProblemDocument,
+    Revoking,
+    SessionShown,
+    Started,
+    Verdict,
+)
 
 COOKIE = "signoff_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -357,6 +371,15 @@ class Client:
         call = Call("POST", _path("/v1/sessions/{}/cancel", session_id), json={"reason": reason}, changes=True)
         return parse(self._send(call), Cancelled)
 
+    def grants(self, session_id: str) -> list[GrantShown]:
+        """The session's remembered approvals, live or not."""
+        return parse(self._send(Call("GET", _path("/v1/sessions/{}/grants", session_id), retry=True)), Grants).grants
+
+    def revoke_grant(self, grant_id: str, reason: str = "") -> Revoking:
+        """Revoke a remembered approval (the ledger judges whether the caller may)."""
+        call = Call("POST", _path("/v1/grants/{}/revoke", grant_id), json={"reason": reason}, changes=True)
+        return parse(self._send(call), Revoking)
+
     def wait_for_turn(self, session_id: str, *, since: str | None = None, timeout: float | None = None) -> Event:
         """The event that ends the session's next turn (completed, failed or cancelled),
         read from the event stream from `since` (its start when None)."""
@@ -563,6 +586,14 @@ class AsyncClient:
     async def cancel(self, session_id: str, reason: str = "") -> Cancelled:
         call = Call("POST", _path("/v1/sessions/{}/cancel", session_id), json={"reason": reason}, changes=True)
         return parse(await self._send(call), Cancelled)
+
+    async def grants(self, session_id: str) -> list[GrantShown]:
+        call = Call("GET", _path("/v1/sessions/{}/grants", session_id), retry=True)
+        return parse(await self._send(call), Grants).grants
+
+    async def revoke_grant(self, grant_id: str, reason: str = "") -> Revoking:
+        call = Call("POST", _path("/v1/grants/{}/revoke", grant_id), json={"reason": reason}, changes=True)
+        return parse(await self._send(call), Revoking)
 
     async def wait_for_turn(self, session_id: str, *, since: str | None = None, timeout: float | None = None) -> Event:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -88,6 +88,8 @@ class Card(Answer):
     edited_by: str | None = None
     edit: str | None = None
     starter_may_approve: bool
+    # Whether "approve and remember" may be offered for it (the ledger still judges).
+    rememberable: bool = False
 
 
 class Cards(Answer):
@@ -102,6 +104,36 @@ class TranscriptEntryShown(Answer):
     closure: str | None
 
 
+class GrantShown(Answer):
+    """A remembered approval: calls of `tool` in `session_id` on `target` (None: any)
+    run with no card until `expires_at` (None: the rest of the session) or revoked."""
+
+    id: str
+    session_id: str
+    request_id: str
+    granted_by: str
+    tool: str
+    tool_version: str
+    target: str | None
+    approvals_required: int
+    granted_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    live: bool
+
+
+class Grants(Answer):
+    grants: list[GrantShown]
+
+
+class Revoking(Answer):
+    """A revocation sent; the ledger judges whether the caller may revoke the grant."""
+
+    grant_id: str
+    message_id: str
+
+
 class SessionShown(Answer):
     """A session: its status, its transcript as the card shows it, what waits on a person, its usage."""
 
@@ -114,6 +146,7 @@ class SessionShown(Answer):
     transcript: list[TranscriptEntryShown]
     pending_requests: list[Card]
     usage: dict[str, int]
+    grants: list[GrantShown] = []
 
 
 class ProblemDocument(Answer):
@@ -163,5 +196,8 @@ SCHEMAS: dict[str, type[Answer]] = {
     "Cards": Cards,
     "TranscriptEntryShown": TranscriptEntryShown,
     "SessionShown": SessionShown,
+    "GrantShown": GrantShown,
+    "Grants": Grants,
+    "Revoking": Revoking,
     "ProblemDocument": ProblemDocument,
 }

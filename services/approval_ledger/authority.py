@@ -9,12 +9,12 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from shared import keyring
-from shared.authorization import authorize, authorizes_call, seal_request
+from shared.authorization import Basis, GrantTerms, authorize, authorizes_call, seal_grant, seal_request
 from shared.keyring import Channel
 from shared.messages import ExecuteTool
 from shared.settings import Settings
@@ -72,10 +72,23 @@ class Authority:
             arguments=arguments,
         )
 
-    def authorize(self, command: ExecuteTool, *, request_id: str | None, at: datetime) -> ExecuteTool:
-        """The command with the ledger's seal on it."""
-        basis: Literal["approval", "policy"] = "approval" if request_id else "policy"
+    def seal_grant(self, terms: GrantTerms) -> str:
+        """The seal the executor checks a grant's row against before it runs a call the grant authorized."""
+        return seal_grant(self.signing_key, terms)
+
+    def authorize(
+        self, command: ExecuteTool, *, request_id: str | None, at: datetime, grant_id: str | None = None
+    ) -> ExecuteTool:
+        """The command with the ledger's seal on it: the approved request, the grant that
+        covers it, or (neither) the policy that needs none."""
+        basis: Basis = "approval" if request_id else "grant" if grant_id else "policy"
         token = authorize(
-            self.signing_key, command, basis=basis, request_id=request_id, at=at, ttl=self.authorization_ttl
+            self.signing_key,
+            command,
+            basis=basis,
+            request_id=request_id,
+            at=at,
+            ttl=self.authorization_ttl,
+            grant_id=grant_id,
         )
         return command.model_copy(update={"authorization": token})

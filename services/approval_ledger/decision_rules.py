@@ -7,8 +7,7 @@
   if any, authorizes a later call (`grant_covering`).
 
 No I/O, no clock, no randomness: the ledger loads what these read and records what
-they decide. `verdict` and `judge_edit` are wired into the ledger; the grants are not yet
-(docs/notes/rules.md, docs/notes/wire.md).
+they decide. All are wired into the ledger (docs/notes/wire.md, docs/notes/grants.md).
 """
 
 from __future__ import annotations
@@ -271,6 +270,9 @@ def _shown(value: Any) -> str:
 # --- approve and remember ------------------------------------------------------------------
 
 RememberRefusal = Literal["tool_not_rememberable", "other_session", "other_tool", "other_target", "bad_duration"]
+# The longest a grant may last (a year): longer is refused, and a time past the
+# calendar's end would fail the transition instead of being answered.
+MAX_GRANT_HOURS = 24 * 366
 
 
 @dataclass(frozen=True)
@@ -316,7 +318,8 @@ def may_remember(tool: ToolSpec, card: CardOnRecord, asked: RememberAsked) -> Re
     """None if the grant asked for may be given with this approval, else why not: the
     tool is not rememberable, or the grant is wider than the card (another session,
     tool or target; a grant for any target of the card's tool is the one widening a
-    person may choose), or its duration is not a positive number of hours."""
+    person may choose), or its duration is not a positive number of hours up to a year
+    (`MAX_GRANT_HOURS`)."""
     if not tool.may_be_remembered:
         return "tool_not_rememberable"
     if asked.session_id != card.session_id:
@@ -325,7 +328,7 @@ def may_remember(tool: ToolSpec, card: CardOnRecord, asked: RememberAsked) -> Re
         return "other_tool"
     if asked.target is not None and asked.target != card.target:
         return "other_target"
-    if asked.hours is not None and not (math.isfinite(asked.hours) and asked.hours > 0):
+    if asked.hours is not None and not (math.isfinite(asked.hours) and 0 < asked.hours <= MAX_GRANT_HOURS):
         return "bad_duration"
     return None
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from services.approval_ledger.decision_rules import Verdict, verdict
+from services.approval_ledger.decision_rules import (
+    CardOnRecord,
+    Grant,
+    RememberAsked,
+    Verdict,
+    grant_covering,
+    may_remember,
+    verdict,
+)
 from shared.catalogue import ToolCatalogue, ToolSpec
 from shared.keyring import Channel
 from shared.ledger import held_back
@@ -68,6 +76,8 @@ class Call:
     status: str
     closure: ClosureOnRecord | None = None
     note: Note | None = None
+    # The grant that authorized it with no card (approve and remember), if one did.
+    grant_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -257,13 +267,23 @@ class CallPlan:
     # For a call that asks or runs: what the tool's approval rule decided for its
     # arguments (how many must approve, 0 for none, and why).
     verdict: Verdict | None = None
+    # For a call that would ask but runs: the person's remembered approval that covers it.
+    grant: Grant | None = None
 
 
-def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> list[CallPlan]:
+def plan_calls(
+    calls: Sequence[ProposedToolCall],
+    catalogue: ToolCatalogue,
+    grants: Sequence[Grant] = (),
+    *,
+    session_id: str = "",
+    at: datetime | None = None,
+) -> list[CallPlan]:
     """Decide, per call, whether to ask a person, run it now, or close it with an error.
 
     Invalid calls are closed before anyone is asked: a person should never be
-    asked to approve a call that cannot run.
+    asked to approve a call that cannot run. A call that would ask runs instead when
+    one of the session's `grants` covers it at `at` (`decision_rules.grant_covering`).
     """
     plans = []
     for call in calls:
@@ -304,8 +324,98 @@ def plan_calls(calls: Sequence[ProposedToolCall], catalogue: ToolCatalogue) -> l
             continue
         # The tool's rule over these arguments decides (a plain `always` or `never` too).
         decided = verdict(spec, call.arguments)
-        plans.append(CallPlan(call, "ask" if decided.needs_approval else "execute", spec, verdict=decided))
+        if not decided.needs_approval:
+            plans.append(CallPlan(call, "execute", spec, verdict=decided))
+            continue
+        covering = (
+            grant_covering(
+                grants,
+                session_id,
+                spec,
+                spec.target_of(call.arguments),
+                at,
+                approvals_required=decided.approvals_required,
+            )
+            if grants and at is not None
+            else None
+        )
+        plans.append(CallPlan(call, "ask" if covering is None else "execute", spec, verdict=decided, grant=covering))
     return plans
+
+
+# --- approve and remember ---------------------------------------------------------
+
+
+def judge_remember(
+    spec: ToolSpec | None, request: RequestOnRecord, response: RespondToApproval, *, decides: bool
+) -> Refusal | None:
+    """Whether the grant a response asks for may be given (`decision_rules.may_remember`),
+    judged before anything of the response is recorded: refused, the whole response is
+    refused, so a forged or widened grant never slips through as a plain approval. Only
+    an approval that decides its request may remember (the grant is made as the call
+    runs; an earlier approver's wish would otherwise be dropped unsaid). None: it may."""
+    asked = response.remember
+    if asked is None:
+        return None
+    if response.decision != "approve":
+        return Refusal("remember_with_denial", "Only an approval can be remembered.")
+    if response.edited_arguments is not None:
+        # A grant is given on the call as the card showed it; an edit changes what it would cover.
+        return Refusal(
+            "remember_with_edit", "An edited approval cannot be remembered: approve the card as shown to remember it."
+        )
+    if not decides:
+        return Refusal(
+            "remember_before_decided",
+            f"{request.tool!r} needs more approvals: the approval that decides it may be remembered, not this one.",
+        )
+    if spec is None:
+        return Refusal("tool_not_rememberable", f"{request.tool!r} is no longer in the catalogue.")
+    target = str((request.card or {}).get("target", ""))
+    refused = may_remember(
+        spec,
+        CardOnRecord(request.session_id, request.tool, target),
+        RememberAsked(response.session_id, request.tool, asked.target, asked.hours),
+    )
+    if refused is None:
+        return None
+    return Refusal(refused, REMEMBER_REFUSALS[refused].format(tool=request.tool))
+
+
+REMEMBER_REFUSALS = {
+    "tool_not_rememberable": "{tool!r} may not be remembered: every call of it needs its own approval.",
+    "other_session": "A grant covers only the session of the card it was given on.",
+    "other_tool": "A grant covers only the tool of the card it was given on.",
+    "other_target": "A grant covers the card's own target, or any target of its tool; not another one.",
+    "bad_duration": "A grant lasts a positive number of hours, up to a year, or the rest of the session.",
+}
+
+
+def judge_revoker(
+    revoker: str,
+    grant: Grant | None,
+    session_id: str,
+    policy: ApprovalPolicy,
+    starters: frozenset[str],
+    operators: frozenset[str],
+) -> Refusal | None:
+    """Who may revoke a grant: whoever granted it, whoever started its session, anyone
+    who may approve its tool now (`policy`, as the catalogue has it now), or an
+    operator; and only a grant of this session that is not revoked yet. None: they may
+    (a revocation only takes authority away)."""
+    if grant is None or grant.session_id != session_id:
+        return Refusal("unknown_grant", "There is no such grant in this session.")
+    if grant.revoked_at is not None:
+        return Refusal("grant_revoked", "The grant was revoked already.")
+    if revoker in (grant.granted_by, *starters, *operators):
+        return None
+    if policy.approvers is None or revoker in policy.approvers:
+        # A tool that names no approvers lets anyone its channel vouches for approve, so revoke too.
+        return None
+    return Refusal(
+        "may_not_revoke",
+        f"{revoker!r} neither granted it, started the session, may approve {grant.tool!r}, nor is an operator.",
+    )
 
 
 # --- approvals --------------------------------------------------------------------

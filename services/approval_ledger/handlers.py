@@ -26,6 +26,7 @@ from shared.messages import (
     ProviderAttempt,
     RefuseExecution,
     RespondToApproval,
+    RevokeGrant,
     StartTurn,
     ToolExecuted,
     TranscriptEntry,
@@ -44,7 +45,7 @@ from shared.observability import (
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
-from . import decision_rules, domain, records
+from . import decision_rules, domain, grants, records
 from .authority import Authority
 from .store import NO_OPEN_TURN, Duplicate, LedgerStore, SessionState, StepCalls
 
@@ -137,6 +138,8 @@ def _unspoken_for(ledger: Ledger, message: Envelope) -> domain.Refusal | None:
         principal, doing = message.started_by, "start a turn"
     elif isinstance(message, CancelTurn):
         principal, doing = message.cancelled_by, "cancel a turn"
+    elif isinstance(message, RevokeGrant):
+        principal, doing = message.revoked_by, "revoke a grant"
     else:
         return None
     return domain.judge_speaker(ledger.authority.channels, _sending_channel(ledger), principal, doing)
@@ -196,7 +199,9 @@ async def _model_step_completed(
         records.end_turn(store, session, completed)
         return
     earlier = await store.pending_request_ids(session.id) if loaded.session_waits else []
-    pending = _plan_and_record_calls(ledger, store, session, calls, earlier, report)
+    # The session's grants: a call one covers runs with no card (approve and remember).
+    remembered = await store.grants(session.id)
+    pending = _plan_and_record_calls(ledger, store, session, calls, earlier, report, remembered)
     resumed = domain.resume(calls, session_waits=bool(pending), output_limit=ledger.tool_output_model_chars)
     await _resume(
         ledger, store, session, step.turn_id, resumed, report, last_words=report.text, spent_now=judged.attempts
@@ -266,13 +271,15 @@ def _plan_and_record_calls(
     calls: list[domain.Call],
     earlier: list[str],
     cause: ModelStepCompleted,
+    remembered: list[decision_rules.Grant],
 ) -> list[str]:
     """Ask, run or close each new call as planned; the session's pending request ids after it.
 
     The session waits on every pending request and each `approval.requested` names
     them all (invariant 5). Earlier requests come first; this step's are minted in
-    ascending order so that the ledger's order (created_at, id) is the model's."""
-    plans = domain.plan_calls(cause.tool_calls, ledger.catalogue)
+    ascending order so that the ledger's order (created_at, id) is the model's. A call
+    one of the session's grants (`remembered`) covers runs with no card."""
+    plans = domain.plan_calls(cause.tool_calls, ledger.catalogue, remembered, session_id=session.id, at=store.now)
     asks = [call for plan, call in zip(plans, calls, strict=True) if plan.action == "ask"]
     request_ids = dict(zip((call.id for call in asks), sorted(mint("apr") for _ in asks), strict=True))
     pending = earlier + list(request_ids.values())
@@ -303,7 +310,11 @@ def _record_call(
         assert request_id is not None
         _ask(ledger, store, session, plan, call, request_id, pending, cause)
     else:
-        records.execution(store, session, call, cause, ledger.authority, request_id=None, stored=False)
+        if plan.grant is not None:
+            grants.used(store, session, call, plan.grant, cause.message_id)
+        records.execution(
+            store, session, call, cause, ledger.authority, request_id=None, stored=False, grant_id=call.grant_id
+        )
 
 
 def _ask(
@@ -367,6 +378,9 @@ async def _respond_to_approval(
             request = edition.request
             policy = dataclasses.replace(policy, approvals_required=edition.request.approvals_required or 1)
     refused = refused or (domain.judge_approver(policy, request, response) if request else None)
+    # A remember the ledger may not give refuses the whole response, before anything of it
+    # is recorded: nothing is edited, counted or run.
+    refused = refused or (_judge_remember(ledger, policy, request, response) if request else None)
     if refused:
         records.refusal(store, session, response, refused)
         return
@@ -391,7 +405,16 @@ async def _respond_to_approval(
             )
         records.approval_counted(store, session, request, response, counted)
         return
-    await _decide(ledger, store, session, request, step, response)
+    await _decide(ledger, store, session, request, step, response, counted.required)
+
+
+def _judge_remember(
+    ledger: Ledger, policy: domain.ApprovalPolicy, request: domain.RequestOnRecord, response: RespondToApproval
+) -> domain.Refusal | None:
+    """Whether the grant the response asks for may be given (`domain.judge_remember`),
+    judged on the request as it stands: only an approval that would decide it may remember."""
+    decides = domain.tally(policy, request, response.decision).decides
+    return domain.judge_remember(ledger.catalogue.get(request.tool), request, response, decides=decides)
 
 
 def _judge_arguments_on_record(
@@ -503,9 +526,11 @@ async def _decide(
     request: domain.RequestOnRecord,
     step: StepCalls,
     response: RespondToApproval,
+    required: int,
 ) -> None:
-    """The request is decided by this response: an approval runs the call, a denial
-    closes it; then the step resumes if it can."""
+    """The request is decided by this response: an approval runs the call (and, asked
+    to, is remembered as a grant for calls needing no more than `required` approvers),
+    a denial closes it; then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     call.note = domain.note_of(response, edit=domain.edit_of(request.card))
@@ -513,6 +538,9 @@ async def _decide(
     records.decision(store, session, request, response, status=status, message=call.note.message if call.note else "")
     session.updated_at = store.now
     if response.decision == "approve":
+        spec = ledger.catalogue.get(request.tool)
+        if response.remember is not None and spec is not None:
+            grants.remembered(store, session, ledger.authority, spec, request, response, approvals_required=required)
         records.execution(store, session, call, response, ledger.authority, request_id=request.id)
     else:
         records.closure(store, session, call, domain.closure_of_denial(response.reason), response)
@@ -716,6 +744,10 @@ async def _close_open_turn(
     session.updated_at = store.now
 
 
+async def _revoke_grant(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: RevokeGrant) -> None:
+    await grants.revoke(store, session, command, ledger.catalogue)
+
+
 async def message_parked(ledger: Ledger, parked: ParkedMessage) -> None:
     """A parked message the session's open turn was waiting on (its model step's
     request or report, a call's execution or result) would leave the session stuck:
@@ -763,3 +795,4 @@ respond_to_approval = transition(_respond_to_approval)
 tool_executed = transition(_tool_executed)
 execution_refused = transition(_execution_refused)
 cancel_turn = transition(_cancel_turn)
+revoke_grant = transition(_revoke_grant)

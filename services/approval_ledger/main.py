@@ -13,7 +13,15 @@ from shared.ledger.audit_chain import link_once
 from shared.ledger.backlog import measure
 from shared.ledger.database import create_engine, database_reachable, migrate, notify_channel
 from shared.ledger.retention import Retention, sweep_once
-from shared.messages import CancelTurn, ModelStepCompleted, RefuseExecution, RespondToApproval, StartTurn, ToolExecuted
+from shared.messages import (
+    CancelTurn,
+    ModelStepCompleted,
+    RefuseExecution,
+    RespondToApproval,
+    RevokeGrant,
+    StartTurn,
+    ToolExecuted,
+)
 from shared.observability import know_tools
 from shared.runtime import prepare
 from shared.settings import Settings
@@ -41,6 +49,7 @@ ROUTES = (
     ("turn.start", StartTurn, handlers.start_turn),
     ("turn.cancel", CancelTurn, handlers.cancel_turn),
     ("approval.respond", RespondToApproval, handlers.respond_to_approval),
+    ("grant.revoke", RevokeGrant, handlers.revoke_grant),
     ("step.completed", ModelStepCompleted, handlers.model_step_completed),
     ("tool.completed", ToolExecuted, handlers.tool_executed),
     ("execution.refused", RefuseExecution, handlers.execution_refused),

@@ -304,6 +304,8 @@ def new_call(store: LedgerStore, call: Call, position: int, args_digest: str) ->
             "status": call.status,
             "idempotency_key": call.idempotency_key,
             "created_at": store.now,
+            # The grant that lets it run with no card, if one does (the executor checks it).
+            "grant_id": call.grant_id,
         },
     )
 
@@ -402,10 +404,11 @@ def execution(
     *,
     request_id: str | None,
     stored: bool = True,
+    grant_id: str | None = None,
 ) -> None:
     """Send a call to the executor, sealed with the ledger's authorization: the
-    approved request, or (None) the policy that needs none. `stored`: the call's
-    row exists and changes status."""
+    approved request, the grant that covers it, or (neither) the policy that needs
+    none. `stored`: the call's row exists and changes status."""
     if stored:
         store.update("tool_calls", call.id, status="executing")
     call.status = "executing"
@@ -417,6 +420,7 @@ def execution(
         message_id=_id_of(cause),
         tool=call.tool,
         request_id=request_id,
+        grant_id=grant_id,
     )
     command = ExecuteTool(
         session_id=session.id,
@@ -426,7 +430,7 @@ def execution(
         arguments=call.arguments,
         idempotency_key=call.idempotency_key,
     )
-    store.emit(session, authority.authorize(command, request_id=request_id, at=store.now))
+    store.emit(session, authority.authorize(command, request_id=request_id, at=store.now, grant_id=grant_id))
 
 
 def accepted(
@@ -619,6 +623,8 @@ def call_proposed(
         reason_code=plan.reason_code,
         # Why it asks, or why it runs unasked (a rule over its arguments may say none is needed).
         reason=plan.verdict.reason if plan.verdict else None,
+        # Or the person's remembered approval that lets it run with no card.
+        grant_id=plan.grant.grant_id if plan.grant else None,
     )
 
 

@@ -41,6 +41,7 @@ from shared.ledger.held_back import held_back_claim
 from shared.messages import Envelope, TranscriptEntry, now
 from shared.topology import Topology
 
+from .decision_rules import Grant
 from .domain import Call, ClaimOnRecord, RequestOnRecord, Step, TurnSpend
 
 # The tables a transition inserts into, parents before children (foreign keys).
@@ -49,6 +50,7 @@ INSERT_ORDER: tuple[str, ...] = (
     "steps",
     "tool_calls",
     "approval_requests",
+    "grants",
     "approvals",
     "decisions",
     "closures",
@@ -66,6 +68,22 @@ def storable(value: Any) -> Any:
     if isinstance(value, str) and "\x00" in value:
         return value.replace("\x00", "\ufffd")
     return value
+
+
+def grant_of(row: Any) -> Grant:
+    """A `grants` row (anything with its columns as attributes) as the rules read it."""
+    return Grant(
+        grant_id=row.id,
+        granted_by=row.granted_by,
+        session_id=row.session_id,
+        tool=row.tool,
+        tool_version=row.tool_version,
+        target=row.target,
+        granted_at=row.granted_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        approvals_required=row.approvals_required,
+    )
 
 
 class Duplicate(Exception):
@@ -308,6 +326,15 @@ class LedgerStore(ABC):
     @abstractmethod
     async def claim(self, call_id: str, *, lock: bool = False) -> ClaimOnRecord | None:
         """The executor's claim on a call as it stands; `lock`: held until this transaction ends."""
+
+    @abstractmethod
+    async def grants(self, session_id: str) -> list[Grant]:
+        """The session's grants (remembered approvals), revoked and expired ones too:
+        whether one covers a call is `decision_rules.grant_covering`'s to say."""
+
+    @abstractmethod
+    async def grant(self, grant_id: str) -> Grant | None:
+        """One grant by its id, whatever its session (None: there is none)."""
 
     @abstractmethod
     async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:

@@ -23,6 +23,7 @@ from typing import Any
 from shared.messages import Envelope
 from shared.topology import Topology
 
+from .decision_rules import Grant
 from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
 from .store import (
     INSERT_ORDER,
@@ -34,6 +35,7 @@ from .store import (
     StepCalls,
     StepRead,
     Writes,
+    grant_of,
 )
 
 # Each table's primary key (or unique key); the others keep every row.
@@ -44,6 +46,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("id",),
     "tool_calls": ("id",),
     "approval_requests": ("id",),
+    "grants": ("id",),
     "approvals": ("request_id", "responder"),
     "decisions": ("request_id",),
     "closures": ("call_id",),
@@ -351,6 +354,14 @@ class MemoryStore(LedgerStore):
             row["claimed_at"],
             row.get("authorization"),
         )
+
+    async def grants(self, session_id: str) -> list[Grant]:
+        mine = [row for row in self._rows("grants") if row["session_id"] == session_id]
+        return [grant_of(SimpleNamespace(**row)) for row in sorted(mine, key=lambda r: (r["granted_at"], r["id"]))]
+
+    async def grant(self, grant_id: str) -> Grant | None:
+        row = self._tables["grants"].get((grant_id,))
+        return None if row is None else grant_of(SimpleNamespace(**row))
 
     async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:
         rows = [r for r in self._rows("transcript") if r["session_id"] == session_id and r["position"] <= upto]

@@ -22,6 +22,7 @@ from shared.ledger.tables import TABLES
 from shared.messages import Envelope
 from shared.topology import Topology
 
+from .decision_rules import Grant
 from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
 from .store import (
     INSERT_ORDER,
@@ -33,6 +34,7 @@ from .store import (
     StepCalls,
     StepRead,
     Writes,
+    grant_of,
 )
 
 SESSIONS = TABLES["sessions"]
@@ -48,6 +50,7 @@ APPROVALS = TABLES["approvals"]
 CLOSURES = TABLES["closures"]
 TURNS = TABLES["turns"]
 CLAIMS = TABLES["execution_claims"]
+GRANTS = TABLES["grants"]
 
 _pending = APPROVAL_REQUESTS.alias("pending")
 
@@ -133,6 +136,10 @@ _OPEN_TURN = (
     .order_by(TURNS.c.created_at.desc())
     .limit(1)
 )
+_GRANTS = (
+    select(GRANTS).where(GRANTS.c.session_id == bindparam("session_id")).order_by(GRANTS.c.granted_at, GRANTS.c.id)
+)
+_GRANT = select(GRANTS).where(GRANTS.c.id == bindparam("grant_id"))
 _TURN_STARTER = select(TURNS.c.started_by).where(TURNS.c.id == bindparam("turn_id"))
 _PENDING_TOOLS = (
     select(TOOL_CALLS.c.tool, APPROVAL_REQUESTS.c.escalated_at)
@@ -381,6 +388,13 @@ class DatabaseStore(LedgerStore):
     async def turn_spend(self, session_id: str, turn_id: str) -> TurnSpend:
         row = (await self.read(_TURN_SPEND, {"session_id": session_id, "turn_id": turn_id}))[0]
         return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
+
+    async def grants(self, session_id: str) -> list[Grant]:
+        return [grant_of(row) for row in await self.read(_GRANTS, {"session_id": session_id})]
+
+    async def grant(self, grant_id: str) -> Grant | None:
+        found = await self.read(_GRANT, {"grant_id": grant_id})
+        return grant_of(found[0]) if found else None
 
     async def claim(self, call_id: str, *, lock: bool = False) -> ClaimOnRecord | None:
         found = await self.read(_CLAIM_LOCKED if lock else _CLAIM, {"call_id": call_id})

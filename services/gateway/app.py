@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_l
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.messages import CancelTurn, Envelope, RespondToApproval, StartTurn, mint
+from shared.messages import CancelTurn, Envelope, Remember, RespondToApproval, RevokeGrant, StartTurn, mint
 
 from .auth import COOKIE, CSRF_HEADER, Login, RedisState, Sessions, address_key, user_key
 from .events import stream
@@ -36,7 +36,7 @@ from .inbox import install_routes as install_inbox_routes
 from .oidc import install_routes as install_oidc_routes
 from .problems import PROBLEM, Problem, problem_response
 from .programs import LiveTokens, bearer, scope_needed
-from .reads import Ledger
+from .reads import Ledger, may_approve
 from .settings import GatewaySettings
 from .users import LiveUsers, User
 
@@ -111,6 +111,47 @@ class DecisionBody(Strict):
     # shown are unchanged). Relayed as sent: the ledger judges it against the tool's
     # declaration and schema, and the approval then binds these arguments.
     arguments: dict[str, Any] | None = None
+    # Approve and remember: also allow later calls of this tool in this session, on the
+    # card's target (`target` as the card shows it) or any (`target` null), for `hours`
+    # (null: the rest of the session). Relayed as sent: the ledger decides whether it may.
+    remember: RememberBody | None = None
+
+
+class RememberBody(Strict):
+    target: str | None = Field(default=None, max_length=4000)
+    hours: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class GrantShown(BaseModel):
+    id: str
+    session_id: str
+    request_id: str
+    granted_by: str
+    tool: str
+    tool_version: str
+    # None: any target of the tool.
+    target: str | None
+    approvals_required: int
+    granted_at: datetime
+    # None: for the rest of the session.
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    # Whether it still covers calls (neither revoked nor expired).
+    live: bool
+
+
+class Grants(BaseModel):
+    grants: list[GrantShown]
+
+
+class RevokeBody(Strict):
+    reason: str = Field(default="", max_length=4000, pattern=r"^[^\x00]*$")
+
+
+class Revoking(BaseModel):
+    grant_id: str
+    message_id: str
 
 
 class Verdict(BaseModel):
@@ -155,6 +196,8 @@ class Card(BaseModel):
     edited_by: str | None = None
     edit: str | None = None
     starter_may_approve: bool
+    # Whether the tool may be remembered ("approve and remember"); the ledger still judges.
+    rememberable: bool = False
 
 
 class Cards(BaseModel):
@@ -179,6 +222,8 @@ class SessionShown(BaseModel):
     transcript: list[TranscriptEntryShown]
     pending_requests: list[Card]
     usage: dict[str, int]
+    # Its remembered approvals, live or not.
+    grants: list[GrantShown] = []
 
 
 class ProblemDocument(BaseModel):
@@ -568,6 +613,35 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         await gateway.send(cancel)
         return Cancelled(session_id=session_id, message_id=cancel.message_id)
 
+    # --- grants (approve and remember) ------------------------------------------------------
+
+    @app.get("/v1/sessions/{session_id}/grants", response_model=Grants, responses=PROBLEMS, tags=["sessions"])
+    async def list_grants(session_id: Identifier, request: Request, who: Who) -> dict[str, Any]:
+        """The session's remembered approvals, live or not: for whoever started it, and operators."""
+        ledger = gateway_of(request).ledger
+        if await ledger.session(session_id) is None or not await ledger.may_see_session(who.user, session_id):
+            raise not_found("session")
+        return {"grants": await ledger.grants(session_id)}
+
+    @app.post(
+        "/v1/grants/{grant_id}/revoke", status_code=202, response_model=Revoking, responses=PROBLEMS, tags=["sessions"]
+    )
+    async def revoke_grant(grant_id: Identifier, body: RevokeBody, request: Request, who: Changer) -> Revoking:
+        """Revoke a remembered approval, as the caller (the ledger judges whether they may):
+        every call decided after it asks a person again."""
+        gateway = gateway_of(request)
+        grant = await gateway.ledger.grant(grant_id)
+        if grant is None or not (
+            await gateway.ledger.may_see_session(who.user, grant.session_id)
+            or may_approve(gateway.ledger.catalogue, who.user, grant.tool, False)
+        ):
+            raise not_found("grant")
+        revoke = RevokeGrant(
+            session_id=grant.session_id, grant_id=grant_id, reason=body.reason, revoked_by=who.user.name
+        )
+        await gateway.send(revoke)
+        return Revoking(grant_id=grant_id, message_id=revoke.message_id)
+
     # --- requests ------------------------------------------------------------------------
 
     @app.get("/v1/requests", response_model=Cards, responses=PROBLEMS, tags=["requests"])
@@ -630,6 +704,7 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
                 message=body.message,
                 responder=who.user.name,
                 edited_arguments=body.arguments if body.decision == "approve" else None,
+                remember=None if body.remember is None else Remember(**body.remember.model_dump()),
             )
             signed = gateway.sign(response)
             wait = gateway.settings.gateway_decision_wait_seconds

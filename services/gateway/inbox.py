@@ -151,6 +151,52 @@ def edited_arguments(spec: ToolSpec | None, card: dict[str, Any], form: Mapping[
     return arguments
 
 
+# How long a page lets a person remember an approval for, at most (the ledger's own bound is a year).
+REMEMBER_HOURS_MAX = 24 * 366
+
+
+def remember_asked(card: dict[str, Any], form: Mapping[str, str]) -> dict[str, Any] | None:
+    """The grant the "Approve and remember" form asks for, as the API takes it: the
+    card's target as the page showed it (`remember_target=this`) or any target (`any`),
+    for the rest of the session (`remember_for=session`) or `remember_hours` hours.
+    None: the form does not remember. The ledger judges whether it may; a value the
+    form cannot mean raises ValueError (the page says the form does not fit)."""
+    if form.get("remember") != "1":
+        return None
+    which = form.get("remember_target", "this")
+    if which not in ("this", "any"):
+        raise ValueError("remember_target is this or any")
+    hours: float | None = None
+    if form.get("remember_for", "session") == "hours":
+        hours = float(form.get("remember_hours", ""))
+        if not 0 < hours <= REMEMBER_HOURS_MAX:
+            raise ValueError("remember_hours is a positive number of hours, up to a year")
+    elif form.get("remember_for", "session") != "session":
+        raise ValueError("remember_for is session or hours")
+    return {"target": str(card.get("target", "")) if which == "this" else None, "hours": hours}
+
+
+def shown_grants(grants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A session's grants as its page lists them (texts through `visible`)."""
+    return [
+        {
+            **grant,
+            "tool_shown": visible(grant["tool"], FIELD_CHARS),
+            "target_shown": "any target" if grant["target"] is None else visible(grant["target"], TARGET_CHARS),
+            "by_shown": visible(grant["granted_by"], FIELD_CHARS),
+            "until_shown": "the rest of the session"
+            if grant["expires_at"] is None
+            else _aware(grant["expires_at"]).isoformat(timespec="seconds"),
+            "state_shown": "live"
+            if grant["live"]
+            else f"revoked by {visible(grant['revoked_by'] or '', FIELD_CHARS)}"
+            if grant["revoked_at"]
+            else "expired",
+        }
+        for grant in grants
+    ]
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
@@ -274,6 +320,17 @@ async def until_on_record(gateway, session_id: str) -> bool:
 
 
 # --- forms -------------------------------------------------------------------------------------
+
+
+async def until_revoked(gateway, grant_id: str) -> Any:
+    """The grant's row once the ledger recorded its revocation, or as it stands after the
+    gateway's decision wait (a refused revocation leaves it live)."""
+    deadline = time.monotonic() + gateway.settings.gateway_decision_wait_seconds
+    while True:
+        grant = await gateway.ledger.grant(grant_id)
+        if grant is None or grant.revoked_at is not None or time.monotonic() >= deadline:
+            return grant
+        await asyncio.sleep(0.1)
 
 
 async def form_of(request: Request) -> dict[str, str]:
@@ -491,19 +548,26 @@ def install_routes(app: FastAPI, api: Any) -> None:
                 raise Problem(422, "invalid", "The approval names no arguments", "Reload the card and try again.")
             if decision == "deny" and not form.get("reason", "").strip():
                 raise Problem(422, "reason-required", "Say why you deny it", "A denial needs a reason.")
-            edited = None
-            if decision == "approve" and form.get("edit") == "1":
-                # The card's arguments as shown, the edited fields replaced; the ledger judges the edit.
+            edited = remember = None
+            if decision == "approve" and (form.get("edit") == "1" or form.get("remember") == "1"):
                 card = await endpoint("GET", "/v1/requests/{request_id}")(
                     request_id=_identifier(request_id), request=request, who=who
                 )
-                edited = edited_arguments(api.gateway_of(request).ledger.catalogue.get(card["tool"]), card, form)
+                if form.get("edit") == "1":
+                    # The card's arguments as shown, the edited fields replaced; the ledger judges the edit.
+                    edited = edited_arguments(api.gateway_of(request).ledger.catalogue.get(card["tool"]), card, form)
+                try:
+                    asked = remember_asked(card, form)
+                except ValueError as error:
+                    raise Problem(422, "invalid", "The form does not fit", str(error)) from None
+                remember = None if asked is None else api.RememberBody(**asked)
             body = api.DecisionBody(
                 decision=decision,
                 reason=form.get("reason", "").strip() if decision == "deny" else "",
                 message=form.get("message", "").strip() if decision == "approve" else "",
                 args_digest=form.get("args_digest") if decision == "approve" else None,
                 arguments=edited,
+                remember=remember,
             )
             verdict = await endpoint("POST", "/v1/requests/{request_id}/decision")(
                 request_id=_identifier(request_id), body=body, request=request, who=who, idempotency_key=key
@@ -559,7 +623,28 @@ def install_routes(app: FastAPI, api: Any) -> None:
             pending=[shown_card(c, now) for c in shown["pending_requests"]],
             story=await story(ledger, session_id),
             transcript=[_shown_entry(e) for e in shown["transcript"]],
+            grants=shown_grants(shown.get("grants", [])),
         )
+
+    @router.post("/grants/{grant_id}/revoke")
+    async def revoke_form(request: Request, grant_id: str) -> Response:
+        """Revoke a grant through the API's route; the page returns to the session once
+        the ledger has recorded it (or after the decision wait: the page then says so)."""
+        who = None
+        try:
+            who, form = await changing(request)
+            body = api.RevokeBody(reason=form.get("reason", "").strip())
+            gateway = api.gateway_of(request)
+            await endpoint("POST", "/v1/grants/{grant_id}/revoke")(
+                grant_id=_identifier(grant_id), body=body, request=request, who=who
+            )
+        except ValidationError as error:
+            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+        except Problem as problem:
+            return problem_page(request, problem, who)
+        grant = await until_revoked(gateway, grant_id)
+        session_id = grant.session_id if grant is not None else ""
+        return RedirectResponse(f"{PREFIX}/sessions/{session_id}?revoked={grant_id}", status_code=303)
 
     @router.post("/sessions/{session_id}/cancel")
     async def cancel_form(request: Request, session_id: str) -> Response:

@@ -51,6 +51,9 @@ SCOPE_OF: dict[tuple[str, str], str | None] = {
     ("GET", "/v1/requests/{request_id}/decision/{response_id}"): "requests:read",
     ("GET", "/v1/events"): "requests:read",
     ("POST", "/v1/requests/{request_id}/decision"): "requests:decide",
+    # A session's remembered approvals, read like the session; revoking one is a decision.
+    ("GET", "/v1/sessions/{session_id}/grants"): "sessions:start",
+    ("POST", "/v1/grants/{grant_id}/revoke"): "requests:decide",
 }
 
 

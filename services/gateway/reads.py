@@ -16,13 +16,14 @@ from shared.ledger.tables import (
     Approval,
     ApprovalRequest,
     AuditEntry,
+    Grant,
     OutboxRow,
     ProviderAttemptRow,
     Session,
     TranscriptRow,
     Turn,
 )
-from shared.messages import EVENT_TYPES
+from shared.messages import EVENT_TYPES, now
 from shared.redaction import redact_text, redact_value
 
 from .settings import GatewaySettings
@@ -190,7 +191,27 @@ class Ledger:
             "edited_by": card.get("edited_by"),
             "edit": card.get("edit"),
             "starter_may_approve": rule.starter_may_approve,
+            # Whether "approve and remember" may be offered (the ledger still judges it).
+            "rememberable": self._rememberable(card.get("tool", "")),
         }
+
+    def _rememberable(self, tool: str) -> bool:
+        spec = self.catalogue.get(tool)
+        return spec is not None and spec.may_be_remembered
+
+    # --- grants (approve and remember) ---------------------------------------------
+
+    async def grants(self, session_id: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        """Grants as listed: a session's (or every session's, newest last), live or not."""
+        query = select(Grant).order_by(Grant.granted_at, Grant.id).limit(limit)
+        if session_id is not None:
+            query = query.where(Grant.session_id == session_id)
+        async with self.sessions() as db:
+            return [shown_grant(grant) for grant in await db.scalars(query)]
+
+    async def grant(self, grant_id: str) -> Grant | None:
+        async with self.sessions() as db:
+            return await db.get(Grant, grant_id)
 
     # --- sessions ---------------------------------------------------------------
 
@@ -228,6 +249,7 @@ class Ledger:
             "updated_at": session.updated_at,
             "transcript": transcript,
             "pending_requests": [await self.card(r) for r in pending],
+            "grants": await self.grants(session_id),
             "usage": {"input_tokens": int(usage[0]), "output_tokens": int(usage[1]), "provider_attempts": usage[2]},
         }
 
@@ -303,6 +325,27 @@ class Ledger:
         )
         async with self.engine.connect() as conn:
             return (await conn.execute(query.limit(limit))).all()
+
+
+def shown_grant(grant: Grant) -> dict[str, Any]:
+    """A grant as listed: its terms, who gave it and when, and whether it still covers calls."""
+    at = now()
+    live = grant.revoked_at is None and (grant.expires_at is None or at < grant.expires_at)
+    return {
+        "id": grant.id,
+        "session_id": grant.session_id,
+        "request_id": grant.request_id,
+        "granted_by": grant.granted_by,
+        "tool": grant.tool,
+        "tool_version": grant.tool_version,
+        "target": None if grant.target is None else redact_text(grant.target),
+        "approvals_required": grant.approvals_required,
+        "granted_at": grant.granted_at,
+        "expires_at": grant.expires_at,
+        "revoked_at": grant.revoked_at,
+        "revoked_by": grant.revoked_by,
+        "live": live,
+    }
 
 
 def _escalated(request: ApprovalRequest) -> bool:

@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, exists, literal, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from shared.authorization import Authorization, request_seal_names
+from shared.authorization import Authorization, GrantTerms, grant_seal_names, request_seal_names
 from shared.ledger import driver
 from shared.ledger.call_on_record import CALL_ON_RECORD
 from shared.ledger.database import insert_unless_present
@@ -106,23 +106,106 @@ class CallOnRecord:
     request_id: str | None
     decision: str | None
     call_seal: str | None = None
+    session_id: str | None = None
+    # When the ledger recorded (and so decided) the call.
+    created_at: datetime | None = None
+    # The grant the ledger recorded as authorizing it with no card, and that grant's row.
+    grant_id: str | None = None
+    grant: GrantOnRecord | None = None
+
+
+@dataclass(frozen=True)
+class GrantOnRecord:
+    """A grant's row as the executor reads it (`grants`), with the ledger's seal over its terms."""
+
+    terms: GrantTerms
+    revoked_at: datetime | None
+    seal: str | None
+
+
+def call_on_record(record: Any) -> CallOnRecord:
+    """The executor's read of the ledger's rows (shared/ledger/call_on_record.py) as a value."""
+    grant = None
+    if record.grant_row_id is not None:
+        grant = GrantOnRecord(
+            GrantTerms(
+                grant_id=record.grant_row_id,
+                session_id=record.grant_session_id,
+                tool=record.grant_tool,
+                tool_version=record.tool_version,
+                target=record.target,
+                approvals_required=record.approvals_required,
+                expires_at=record.expires_at,
+            ),
+            record.revoked_at,
+            record.grant_seal,
+        )
+    return CallOnRecord(
+        record.tool,
+        record.arguments,
+        record.id,
+        record.decision,
+        record.call_seal,
+        session_id=record.session_id,
+        created_at=record.created_at,
+        grant_id=record.grant_id,
+        grant=grant,
+    )
+
+
+def grant_allows(
+    call: CallOnRecord, granted: Authorization, tool: str, target: str | None, ledger_key: Ed25519PublicKey
+) -> str | None:
+    """Whether a remembered approval on record covers the call its authorization names:
+    the call asked nobody and names this very grant; the grant's row carries the
+    ledger's seal over its terms (a grant widened in the database fails it); its terms
+    are this session, tool and target (or any target); and it had neither expired nor
+    been revoked when the ledger decided the call. None: allowed; else why not."""
+    grant = call.grant
+    if call.request_id is not None or granted.grant_id is None or call.grant_id != granted.grant_id:
+        return "no grant of this call is on record"
+    if grant is None or not grant_seal_names(ledger_key, grant.seal, grant.terms):
+        return "the grant's row does not carry the ledger's seal over its terms: it was changed"
+    terms = grant.terms
+    if (terms.session_id, terms.tool) != (call.session_id, tool) or terms.session_id != granted.session_id:
+        return "the grant is for another session or tool"
+    if terms.target is not None and terms.target != target:
+        return "the grant is for another target"
+    decided = call.created_at
+    if decided is None:
+        return "the ledger's call has no time of decision"
+    if terms.expires_at is not None and terms.expires_at <= decided:
+        return "the grant had expired when the call was decided"
+    if grant.revoked_at is not None and grant.revoked_at <= decided:
+        return "the grant was revoked before the call was decided"
+    return None
 
 
 def ledger_allows(
-    call: CallOnRecord | None, granted: Authorization, tool: str, fingerprint: str, ledger_key: Ed25519PublicKey
+    call: CallOnRecord | None,
+    granted: Authorization,
+    tool: str,
+    fingerprint: str,
+    ledger_key: Ed25519PublicKey,
+    target: str | None = None,
 ) -> str | None:
     """Whether the ledger's own rows allow what the authorization says: the call was
     made with this tool and these arguments (fingerprinted from the row itself, not a
     stored hash), and a person approved the request it names, whose seal the ledger
-    made when it minted the request names this call, tool and arguments; or the call
-    needed no approval. None: allowed; else why not. A forged authorization would need
-    forged ledger rows as well, and rows rewritten in the database fail the seal."""
+    made when it minted the request names this call, tool and arguments; or a grant
+    on record covers it (`grant_allows`); or the call needed no approval. None:
+    allowed; else why not. A forged authorization would need forged ledger rows as
+    well, and rows rewritten in the database fail the seals."""
     if call is None:
         return "the ledger has no such call"
     if call.tool != tool or arguments_fingerprint(call.arguments) != fingerprint:
         return "the ledger's call has another tool or other arguments"
     if granted.basis == "policy":
+        if call.grant_id is not None:
+            return "the call was authorized by a grant, not the policy"
         return None if call.request_id is None else "the call needs a person's approval"
+    if granted.basis == "grant":
+        return grant_allows(call, granted, tool, target, ledger_key)
     if call.request_id != granted.request_id or call.decision != "approve":
         return "no approval of this call is on record"
     if not request_seal_names(
@@ -215,11 +298,14 @@ class Claims:
         tool: str,
         fingerprint: str,
         authorization: str,
+        target: str | None = None,
     ) -> ClaimOutcome:
+        """Claim the call if the ledger's rows allow it; `target`: what the call touches
+        by the executor's catalogue, which a grant's target must match."""
         try:
             async with self.engine.begin() as conn:
                 return await self._take(
-                    conn, call_id, idempotency_key, effect, granted, tool, fingerprint, authorization
+                    conn, call_id, idempotency_key, effect, granted, tool, fingerprint, authorization, target
                 )
         except _Refused as refused:
             # Raised inside the transaction so that a claim inserted with the record is rolled back.
@@ -235,6 +321,7 @@ class Claims:
         tool: str,
         fingerprint: str,
         authorization: str,
+        target: str | None = None,
     ) -> ClaimOutcome:
         at = now()
         fresh_values = fresh_claim(
@@ -247,7 +334,7 @@ class Claims:
         else:
             record = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
             fresh = None
-        refusal = ledger_allows(record and CallOnRecord(*record[:5]), granted, tool, fingerprint, self.ledger_key)
+        refusal = ledger_allows(record and call_on_record(record), granted, tool, fingerprint, self.ledger_key, target)
         if refusal is not None:
             raise _Refused(refusal)
         if fresh is None:

@@ -90,7 +90,15 @@ async def _claim_run_and_report(
     fingerprint = arguments_fingerprint(command.arguments)
     while True:
         verdict = await executor.claims.take(
-            command.call_id, command.idempotency_key, effect, granted, command.tool, fingerprint, command.authorization
+            command.call_id,
+            command.idempotency_key,
+            effect,
+            granted,
+            command.tool,
+            fingerprint,
+            command.authorization,
+            # A grant covers a target as the catalogue renders it (the ledger's is the same file).
+            target=spec.target_of(command.arguments) if spec is not None else None,
         )
         if verdict.action == "refused":
             await _refuse(executor, command, "not_on_record", verdict.refusal or "")

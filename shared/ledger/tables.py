@@ -144,6 +144,10 @@ class ToolCall(Base):
     status: Mapped[str] = mapped_column(String(24))
     idempotency_key: Mapped[str] = mapped_column(Id)
     created_at: Mapped[datetime]
+    # The grant that authorized it with no card (migration 0014); None: asked for, or
+    # run by the catalogue's policy. The executor runs a grant's call only if this names
+    # the grant its authorization names, and the grant's row is live and sealed.
+    grant_id: Mapped[str | None] = mapped_column(Id, nullable=True)
 
 
 class ApprovalRequest(Base):
@@ -216,6 +220,31 @@ class Decision(Base):
     # The channel whose key signed it.
     channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
     decided_at: Mapped[datetime]
+
+
+class Grant(Base):
+    """A remembered approval (issue 23, section 3, migration 0014): calls of `tool` at
+    `tool_version` in `session_id`, on `target` (None: any target), that need no more
+    than `approvals_required` approvers, run with no card until `expires_at` (None: for
+    the rest of the session) or `revoked_at`. Made with the approval of `request_id`,
+    by `granted_by`; the ledger's seal over all of that (`grant_seal`,
+    shared/authorization.py `seal_grant`) is checked by the executor, so a grant widened
+    in the database authorizes nothing."""
+
+    __tablename__ = "grants"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("approval_requests.id"), unique=True)
+    granted_by: Mapped[str] = mapped_column(String(256))
+    tool: Mapped[str] = mapped_column(String(256))
+    tool_version: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str | None] = mapped_column(Text, nullable=True)
+    approvals_required: Mapped[int] = mapped_column(Integer)
+    granted_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    grant_seal: Mapped[str] = mapped_column(Text)
 
 
 class Closure(Base):

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision
+from shared.messages import mint
 from tests.gateway_client import PASSWORD, GatewayClient
 from tests.harness import eventually, rows
 from tests.integration.test_gateway import add_people, pending_card, start, url
@@ -596,6 +597,70 @@ def keep_screenshots_for_the_readme(store: str) -> None:  # pragma: no cover - r
     docs = Path(__file__).resolve().parents[2] / "docs"
     shutil.copy(ARTIFACTS / f"inbox-{store}.png", docs / "inbox.png")
     shutil.copy(ARTIFACTS / f"card-{store}.png", docs / "inbox-card.png")
+
+
+async def test_approve_and_remember_the_next_matching_call_runs_without_a_card_and_after_revocation_the_next_one_asks_again(
+        deployment, sink, store):
+    from shared.ledger.tables import Grant, ToolCall
+    from tests.integration.test_gateway_grants import idle, tools_with_a_rememberable_refund, turn
+
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.tools_file = tools_with_a_rememberable_refund(deployment)
+    add_people(deployment)
+    deployment.start()
+    deployment.start("gateway")
+    alice = Browser(url(deployment), "alice")
+    try:
+        alice.login("alice")
+        async with GatewayClient(url(deployment)) as client:
+            await client.login("alice")
+            session_id = f"recall-{mint('ses')}"
+            await turn(client, session_id)
+            card = await pending_card(client, session_id)
+            alice.open(f"/inbox/requests/{card['id']}")
+            alice.until(lambda b: b.all("#approve-remember"), what="the approve-and-remember form")
+            # With this target (customer c-1) and for the rest of the session: the form's defaults.
+            assert alice.find("#remember-this").is_selected() and alice.find("#remember-session").is_selected()
+            assert "customer c-1" in alice.find("label[for=remember-this]").text
+            alice.shot(f"card-remember-{store}")
+            alice.click("#approve-remember")
+            alice.until(lambda b: "You approved" in b.find("#notice").text, what="the approval's notice")
+            await ran(sink, "/refunds", 1)
+            await idle(client, session_id)
+
+            # The next refund to c-1 runs with no card.
+            await turn(client, session_id)
+            await ran(sink, "/refunds", 2)
+            await idle(client, session_id)
+            assert len(await rows(deployment, ApprovalRequest, session_id=session_id)) == 1
+            [grant] = await rows(deployment, Grant, session_id=session_id)
+            assert [c.grant_id for c in await rows(deployment, ToolCall, session_id=session_id)].count(grant.id) == 1
+
+            # The session's page lists the grant; revoking it there is recorded.
+            alice.open(f"/inbox/sessions/{session_id}")
+            alice.until(lambda b: b.find(f"#grant-{grant.id}").get_attribute("data-live") == "yes",
+                        what="the live grant on the session's page")
+            assert "customer c-1" in alice.find(f"#grant-{grant.id}").text
+            story = alice.find("#story").text
+            assert f"grant {grant.id}" in story and "runs without a card" in story, story
+            alice.shot(f"session-grant-{store}")
+            alice.click(f"#revoke-{grant.id}")
+            alice.until(lambda b: "revoked by alice" in b.find(f"#grant-{grant.id}").text,
+                        what="the grant to show revoked")
+            assert not alice.all(f"#revoke-{grant.id}")
+            alice.shot(f"session-grant-revoked-{store}")
+            [row] = await rows(deployment, Grant, id=grant.id)
+            assert (row.revoked_by, row.revoked_at is not None) == ("alice", True)
+
+            # After the revocation the same call asks again, and the card reaches the inbox.
+            await turn(client, session_id)
+            again = await pending_card(client, session_id)
+            assert again["target"] == "customer c-1" and again["id"] != card["id"]
+            alice.open("/inbox")
+            alice.until(card_in_inbox(again["id"]), what="the new card in the inbox")
+            await ran(sink, "/refunds", 2)
+    finally:
+        alice.close()
 
 
 def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_its_card_in_a_browser(

@@ -191,3 +191,85 @@ def test_an_authorization_is_not_a_requests_seal_nor_a_requests_seal_an_authoriz
     assert allows(on_record(seal=token)) == ROW_CHANGED
     with pytest.raises(Unverified):
         read_authorization(LEDGER.public_key(), sealed())
+
+
+# --- a call a remembered approval (a grant) authorized ----------------------------------
+
+from datetime import timedelta as _hours_later  # noqa: E402
+
+from services.tool_executor.claims import GrantOnRecord  # noqa: E402
+from shared.authorization import GrantTerms, seal_grant  # noqa: E402
+
+DECIDED = NOW
+TERMS = GrantTerms("grt_1", "s1", "send", "1", "to a@example.com", 1, None)
+
+
+def grant_row(terms=TERMS, revoked_at=None, seal=None, key=LEDGER):
+    return GrantOnRecord(terms, revoked_at, seal_grant(key, terms) if seal is None else seal)
+
+
+def by_grant(grant=None, grant_id="grt_1", request_id=None, session_id="s1", created_at=DECIDED):
+    return CallOnRecord(
+        "send", ARGUMENTS, request_id, None, None, session_id=session_id, created_at=created_at, grant_id=grant_id,
+        grant=grant_row() if grant is None else grant,
+    )
+
+
+def granted_by(grant_id="grt_1", session_id="s1"):
+    return Authorization("call_1", session_id, "send", PRINT, "grant", None, NOW, grant_id=grant_id)
+
+
+def grant_allows(call, authorization=None, target="to a@example.com"):
+    return ledger_allows(call, authorization or granted_by(), "send", PRINT, LEDGER.public_key(), target)
+
+
+def test_a_call_a_live_sealed_grant_of_its_session_tool_and_target_covers_is_allowed():
+    assert grant_allows(by_grant()) is None
+    anywhere = TERMS.__class__(**{**TERMS.__dict__, "target": None})
+    assert grant_allows(by_grant(grant_row(anywhere)), target="to b@example.com") is None
+
+
+WIDENED = "the grant's row does not carry the ledger's seal over its terms: it was changed"
+
+
+@pytest.mark.parametrize("call,authorization,target,why", [
+    (by_grant(grant_id=None), None, "to a@example.com", "no grant of this call is on record"),
+    (by_grant(grant_id="grt_2"), None, "to a@example.com", "no grant of this call is on record"),
+    (by_grant(request_id="apr_1"), None, "to a@example.com", "no grant of this call is on record"),
+    (by_grant(), granted_by(grant_id=None), "to a@example.com", "no grant of this call is on record"),
+    (by_grant(grant_row(seal="")), None, "to a@example.com", WIDENED),
+    (by_grant(grant_row(key=new_private_key())), None, "to a@example.com", WIDENED),
+    # A grant widened in the database (any target instead of one): its seal does not follow.
+    (by_grant(grant_row(TERMS.__class__(**{**TERMS.__dict__, "target": None}), seal=seal_grant(LEDGER, TERMS))),
+     None, "to b@example.com", WIDENED),
+    (by_grant(grant_row(TERMS.__class__(**{**TERMS.__dict__, "session_id": "s2"}))), None, "to a@example.com",
+     "the grant is for another session or tool"),
+    (by_grant(session_id="s2"), granted_by(session_id="s2"), "to a@example.com",
+     "the grant is for another session or tool"),
+    (by_grant(grant_row(TERMS.__class__(**{**TERMS.__dict__, "tool": "other"}))), None, "to a@example.com",
+     "the grant is for another session or tool"),
+    (by_grant(), None, "to b@example.com", "the grant is for another target"),
+    (by_grant(grant_row(TERMS.__class__(**{**TERMS.__dict__, "expires_at": DECIDED}))), None, "to a@example.com",
+     "the grant had expired when the call was decided"),
+    (by_grant(grant_row(revoked_at=DECIDED)), None, "to a@example.com",
+     "the grant was revoked before the call was decided"),
+    (by_grant(created_at=None), None, "to a@example.com", "the ledger's call has no time of decision"),
+], ids=["no grant named", "another grant named", "the call asked a person", "authorization names none",
+        "no seal", "seal not the ledger's", "widened in the database", "another session's grant",
+        "another session's call", "another tool's grant", "another target", "expired", "revoked", "no time"])
+def test_a_forged_or_widened_grant_basis_runs_nothing(call, authorization, target, why):
+    assert grant_allows(call, authorization, target) == why
+
+
+def test_a_grant_revoked_or_expiring_after_the_call_was_decided_still_lets_that_call_run():
+    """A revocation takes effect for every call decided after it, not for one decided before."""
+    later = DECIDED + _hours_later(seconds=1)
+    expiring = TERMS.__class__(**{**TERMS.__dict__, "expires_at": later})
+    assert grant_allows(by_grant(grant_row(expiring, revoked_at=later))) is None
+
+
+def test_a_grant_basis_is_not_a_policy_basis_nor_a_policy_basis_a_grant_basis():
+    policy = Authorization("call_1", "s1", "send", PRINT, "policy", None, NOW)
+    assert grant_allows(by_grant(), policy) == "the call was authorized by a grant, not the policy"
+    assert grant_allows(on_record(request_id=None, decision=None, seal=""), granted_by()) == (
+        "no grant of this call is on record")

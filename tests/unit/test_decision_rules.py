@@ -402,6 +402,17 @@ def test_a_grant_for_no_time_negative_time_or_forever_in_hours_is_refused(hours)
     assert may_remember(rememberable_read(), CARD, RememberAsked("ses_1", "read", None, hours)) == "bad_duration"
 
 
+def test_a_grant_may_last_up_to_a_year_of_hours_and_no_longer():
+    """Longer is refused; a time past the calendar's end would fail the transition instead."""
+    from services.approval_ledger.decision_rules import MAX_GRANT_HOURS
+
+    assert MAX_GRANT_HOURS == 24 * 366
+    spec = rememberable_read()
+    assert may_remember(spec, CARD, RememberAsked("ses_1", "read", None, float(MAX_GRANT_HOURS))) is None
+    assert may_remember(spec, CARD, RememberAsked("ses_1", "read", None, MAX_GRANT_HOURS + 0.01)) == "bad_duration"
+    assert may_remember(spec, CARD, RememberAsked("ses_1", "read", None, 1e300)) == "bad_duration"
+
+
 def test_a_grant_expires_after_its_hours_or_lasts_the_session():
     assert grant_expiry(NOW, 2) == NOW + timedelta(hours=2)
     assert grant_expiry(NOW, None) is None

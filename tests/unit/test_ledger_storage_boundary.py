@@ -47,8 +47,8 @@ def found_in(source: str) -> list[str]:
 def test_the_transition_modules_are_the_ones_expected():
     # A new module lands on one side of the boundary on purpose.
     assert TRANSITION_MODULES == [
-        "__init__.py", "audit.py", "authority.py", "backlog.py", "decision_rules.py", "domain.py", "group_commit.py",
-        "handlers.py", "main.py", "records.py", "retention.py", "store.py", "store_memory.py",
+        "__init__.py", "audit.py", "authority.py", "backlog.py", "decision_rules.py", "domain.py", "grants.py",
+        "group_commit.py", "handlers.py", "main.py", "records.py", "retention.py", "store.py", "store_memory.py",
     ]
 
 
@@ -101,7 +101,7 @@ def test_the_check_finds_a_write_a_function_makes_on_the_store_itself():
 
 def test_handlers_write_only_through_records_typed_writes():
     found = direct_writes((LEDGER / "handlers.py").read_text())
-    assert [w for w in found if w.split(":")[0] not in WRITES_LEFT_IN] == []
+    assert [w for w in found if _unmutated(w.split(":")[0]) not in WRITES_LEFT_IN] == []
 
 
 # --- the whole repository ---------------------------------------------------------------
@@ -170,3 +170,9 @@ def test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters
 def test_a_module_listed_as_not_yet_moved_still_holds_a_database_detail(module):
     # Once its queries moved, it leaves the list: the list says what is left, no more.
     assert repository_modules()[module], f"{module} holds no database detail now: take it off NOT_YET_MOVED"
+
+
+def _unmutated(name: str) -> str:
+    """A function's own name, also in mutmut's copy of the module (`x__edit__mutmut_3` is `_edit`)."""
+    found = re.fullmatch(r"x_(.+)__mutmut_(?:orig|\d+)", name)
+    return found.group(1) if found else name

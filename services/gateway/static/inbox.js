@@ -121,7 +121,7 @@
   async function refreshSession() {
     // The cancel form is left alone while the turn is open (a reason being typed stays);
     // it goes when the turn has ended, and comes when a new one opens.
-    const result = await refresh(["session-live", "session-story"]);
+    const result = await refresh(["session-live", "session-grants", "session-story"]);
     if (!result) return;
     const mine = document.getElementById("cancel-form"), theirs = result.fresh.getElementById("cancel-form");
     if (mine && !theirs) mine.remove();
