@@ -19,9 +19,9 @@ import asyncpg
 from tests.bench.adapter import BenchFailure, ChannelAdapter, RoundTrip
 from tests.bench.cpu import (
     SHORT,
+    children_cpu,
     dependency_cpu,
     dependency_cpu_delta,
-    children_cpu,
     service_cpu,
     start_profilers,
     statement_counts,
