@@ -335,8 +335,8 @@ MUTATIONS = [
    "tests/unit/test_redaction.py::test_a_text_without_a_credential_shapes_clue_holds_no_credential_shape "
    "tests/unit/test_redaction.py::test_each_credential_shape_alone_in_an_ordinary_line_is_hidden"),
   ("executor's refusal commits the claim it took with the record (PostgreSQL), blocking the approved run", "services/tool_executor/claims.py",
-   "                if refusal is not None:\n                    raise _Refused(refusal)\n                await transaction.commit()\n",
-   "                await transaction.commit()\n                if refusal is not None:\n                    raise _Refused(refusal)\n",
+   "            raise _Refused(refusal)\n",
+   "            return ClaimOutcome(\"refused\", refusal=refusal)\n",
    "tests/integration/test_trust.py::test_a_sealed_command_for_a_call_not_yet_approved_runs_nothing_and_leaves_no_claim_to_block_the_approved_run[postgres]"),
   ("a turn calls the provider forever: no bound on its model steps", "services/approval_ledger/handlers.py",
    "        if reached is not None:\n            for entry in resumed.entries:",

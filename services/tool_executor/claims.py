@@ -257,6 +257,7 @@ class Claims:
                 found = await driver.fetch(conn, _RECORD_AND_FRESH_CLAIM, values, raw=raw)
                 record = found[0] if found else None
                 if record is None or not record.fresh:
+                    await transaction.rollback()
                     return None
                 on_record = CallOnRecord(*(getattr(record, name) for name in _ON_RECORD_NAMES))
                 refusal = ledger_allows(on_record, granted, tool, fingerprint, self.ledger_key)
@@ -264,13 +265,10 @@ class Claims:
                     raise _Refused(refusal)
                 await transaction.commit()
             except BaseException:
-                await driver.forget_if_closed(conn, raw)
-                raise
-            finally:
-                # Whatever was not committed is rolled back before the connection goes back
-                # to the pool (SQLAlchemy's reset knows nothing of this transaction).
                 if not raw.is_closed() and raw.is_in_transaction():
                     await transaction.rollback()
+                await driver.forget_if_closed(conn, raw)
+                raise
         STATEMENT_COUNTS["commits"] += 1
         return ClaimOutcome("run", attempt=1)
 
