@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shared.authorization import Authorization, request_seal_names
 from shared.ledger import driver
 from shared.ledger.call_on_record import CALL_ON_RECORD
-from shared.ledger.database import STATEMENT_COUNTS, insert_unless_present
+from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES, ExecutionClaim
 from shared.messages import Outcome, now
 from shared.signatures import arguments_fingerprint
@@ -172,8 +172,6 @@ _CLAIMED = (
 _RECORD_AND_FRESH_CLAIM = select(
     *_RECORD.c, exists(select(literal(1)).select_from(_CLAIMED)).label("fresh")
 ).select_from(_RECORD)
-# The record's columns, by name, in `CallOnRecord`'s order (a row read on asyncpg is read by name).
-_ON_RECORD_NAMES = [str(column.key) for column in _RECORD_AND_FRESH_CLAIM.selected_columns][:5]
 # An update of a claim this executor still holds; its SET clause: `_update_own_setting`.
 _UPDATE_OWN = update(CLAIMS).where(
     CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"), CLAIMS.c.status == "claimed"
@@ -219,10 +217,6 @@ class Claims:
         authorization: str,
     ) -> ClaimOutcome:
         try:
-            if self.engine.dialect.name == "postgresql":
-                fresh = await self._take_fresh(call_id, idempotency_key, granted, tool, fingerprint, authorization)
-                if fresh is not None:
-                    return fresh
             async with self.engine.begin() as conn:
                 return await self._take(
                     conn, call_id, idempotency_key, effect, granted, tool, fingerprint, authorization
@@ -230,47 +224,6 @@ class Claims:
         except _Refused as refused:
             # Raised inside the transaction so that a claim inserted with the record is rolled back.
             return ClaimOutcome("refused", refusal=str(refused))
-
-    async def _take_fresh(
-        self,
-        call_id: str,
-        idempotency_key: str,
-        granted: Authorization,
-        tool: str,
-        fingerprint: str,
-        authorization: str,
-    ) -> ClaimOutcome | None:
-        """PostgreSQL, the common case (a call's first delivery): the record read and the
-        fresh claim in one statement, in a transaction begun and committed on asyncpg
-        itself (SQLAlchemy's begin, execution path and commit cost ~13 % of the
-        executor's CPU, profiled). Committed before the tool runs (invariant 4). None when
-        the claim is not fresh (a redelivery, or no record): nothing was written, and
-        `_take` decides it, reading again. A refusal rolls the claim back (raises)."""
-        values = fresh_claim(
-            call_id, idempotency_key, self.holder, at=now(), lease=self.lease, authorization=authorization
-        )
-        async with self.engine.connect() as conn:
-            raw = await driver.driver_of(conn)
-            transaction = raw.transaction()
-            await transaction.start()
-            try:
-                found = await driver.fetch(conn, _RECORD_AND_FRESH_CLAIM, values, raw=raw)
-                record = found[0] if found else None
-                if record is None or not record.fresh:
-                    await transaction.rollback()
-                    return None
-                on_record = CallOnRecord(*(getattr(record, name) for name in _ON_RECORD_NAMES))
-                refusal = ledger_allows(on_record, granted, tool, fingerprint, self.ledger_key)
-                if refusal is not None:
-                    raise _Refused(refusal)
-                await transaction.commit()
-            except BaseException:
-                if not raw.is_closed() and raw.is_in_transaction():
-                    await transaction.rollback()
-                await driver.forget_if_closed(conn, raw)
-                raise
-        STATEMENT_COUNTS["commits"] += 1
-        return ClaimOutcome("run", attempt=1)
 
     async def _take(
         self,
