@@ -876,6 +876,19 @@ MUTATIONS = [
    "    if revoker in (grant.granted_by, *starters, *operators):",
    "    if True:",
    "tests/unit/test_ledger_grants.py::test_anyone_else_may_not_revoke_and_a_grant_is_revoked_once_in_its_own_session"),
+  # Session 6 of the performance work (issue 25): the hot path's own transactions.
+  ("the publisher's one-statement mark-sent without its fence (a deposed leader marks rows sent)",
+   "services/publisher/relay.py",
+   '    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)"',
+   '    " RETURNING 1)"',
+   "tests/crash/test_failover.py::"
+   "test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once"),
+  ("the ledger's statements on asyncpg outside a transaction (each autocommitted as it runs)",
+   "services/approval_ledger/store_postgres.py",
+   "            await transaction.start()\n",
+   "",
+   "tests/crash/test_crash_windows.py::"
+   "test_a_ledger_killed_before_commit_shows_nothing_and_the_redelivery_mints_the_only_request"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

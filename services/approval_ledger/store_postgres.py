@@ -1,7 +1,7 @@
 """The ledger's store on PostgreSQL: the port (`store.py`) on the lean asyncpg path.
 
-The reads are `store_sql.py`'s Core queries, sent straight to asyncpg once the
-transaction has begun (`shared/ledger/driver.py`): a fraction of SQLAlchemy's
+The reads are `store_sql.py`'s Core queries, sent straight to asyncpg, in a
+transaction begun on asyncpg itself (`shared/ledger/driver.py`): a fraction of SQLAlchemy's
 execution, which costs more CPU than these small statements take in PostgreSQL.
 Receiving a message is one statement (the inbox row and the session's lock), and
 a transition's writes are one more (`_write_in_one_statement`): two round trips
@@ -91,12 +91,57 @@ class _Statement:
 
 
 class PostgresStore(DatabaseStore):
+    """The transaction is asyncpg's own, begun, committed and rolled back on the driver
+    under the checked-out connection: every statement of it is sent straight to asyncpg,
+    so SQLAlchemy never begins one there (its adapter then has nothing to end, and the
+    pool's reset on return sends nothing). SQLAlchemy's begin, first statement and
+    commit cost ~10 % of the ledger's CPU per round trip (docs/performance.md, session 6)."""
+
     # Its asyncpg connection (`_raw`), for the statements sent straight to it.
     _raw_connection: Any = None
+    # The asyncpg transaction this unit of work runs in (None once ended).
+    _transaction: Any = None
 
     async def _begin(self) -> None:
         self._raw_connection = None
-        await super()._begin()
+        self._transaction = None
+        self.db = await self._engine.connect()
+        raw = None
+        try:
+            raw = await self._raw()
+            transaction = raw.transaction()
+            await transaction.start()
+            self._transaction = transaction
+        except BaseException:
+            if raw is not None:
+                await forget_if_closed(self.db, raw)
+            await self.db.close()
+            raise
+
+    async def _end(self) -> None:
+        transaction, self._transaction = self._transaction, None
+        try:
+            raw = self._raw_connection
+            if transaction is not None and raw is not None and not raw.is_closed() and raw.is_in_transaction():
+                try:
+                    await transaction.rollback()
+                    STATEMENT_COUNTS["rollbacks"] += 1
+                except Exception:
+                    # A connection that cannot roll back cannot be trusted: the pool opens another.
+                    await self.db.invalidate()
+            elif raw is not None and raw.is_closed():
+                await self.db.invalidate()
+        finally:
+            await self.db.close()
+
+    async def _commit(self) -> None:
+        raw = await self._raw()
+        try:
+            await self._transaction.commit()
+        except Exception:
+            await forget_if_closed(self.db, raw)
+            raise
+        STATEMENT_COUNTS["commits"] += 1
 
     async def _raw(self) -> Any:
         """The asyncpg connection under this store's, taken once (a greenlet hop each time)."""
@@ -105,12 +150,8 @@ class PostgresStore(DatabaseStore):
         return self._raw_connection
 
     async def read(self, query: Any, parameters: dict[str, Any]) -> list[Any]:
-        """Once the transaction has begun (a group commit's transitions after its
-        first), straight to asyncpg; the first runs through SQLAlchemy to begin it."""
-        raw = await self._raw()
-        if raw.is_in_transaction():
-            return await fetch(self.db, query, parameters, raw=raw)
-        return await super().read(query, parameters)
+        """Straight to asyncpg, inside the transaction `_begin` began there."""
+        return await fetch(self.db, query, parameters, raw=await self._raw())
 
     async def receive_and_lock(
         self, message: Envelope, *, create_with_provider: str | None = None
@@ -172,10 +213,6 @@ class PostgresStore(DatabaseStore):
         if len(parts) > 1:
             text_ = "WITH " + ", ".join(f"w{n} AS ({part})" for n, part in enumerate(parts[:-1])) + " " + text_
         driver = await self._raw()
-        if not driver.is_in_transaction():
-            # SQLAlchemy begins the driver's transaction at its first statement: this
-            # flush must not run before it, outside any transaction (autocommitted).
-            await self.db.exec_driver_sql("SELECT 1")
         STATEMENT_COUNTS["statements"] += 1
         try:
             await driver.execute(text_, *sql.values)

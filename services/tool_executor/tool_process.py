@@ -1,4 +1,4 @@
-"""A python tool's own process: `python -I -c "…tool_process import main; main()"`.
+"""A python tool's own process: `python -I -S -c "…tool_process import main; main()"`.
 
 The executor starts one per call (`tools.run_tool`) with a clean environment and
 writes the call to its stdin as one JSON object; this process answers on its
@@ -155,7 +155,20 @@ def _load(path: str) -> Any:
     import importlib
 
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        if sys.flags.no_site and "site" not in sys.modules:
+            # Started without `site` (-S, `tools._interpreter`): a module that only a `.pth`
+            # file makes importable (an editable install's finder) is found once it has run.
+            import site
+
+            site.main()
+            importlib.invalidate_caches()
+            found = importlib.import_module(module)
+        else:
+            raise
+    return getattr(found, name)
 
 
 def _run(call: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +203,12 @@ def main() -> None:
     if call["run_as"] is not None:
         uid, gid = call["run_as"]
         import_path = _become(uid, gid, import_path)
-    sys.path[:0] = [p for p in import_path if p not in sys.path]
+    if sys.flags.no_site:
+        # Started without `site`: the executor's path in the executor's order (its
+        # site-packages after the standard library, as `site` would have put them).
+        sys.path[:] = [*import_path, *(p for p in sys.path if p not in import_path)]
+    else:
+        sys.path[:0] = [p for p in import_path if p not in sys.path]
     os.environ.update(call["env"])
     result = _run(call)
     try:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,14 +181,21 @@ async def _run_python(
 class _Here:
     """A tool's process this executor started itself (it is root, or runs tools as itself)."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        transports: list[asyncio.BaseTransport],
+    ) -> None:
         self.process = process
-        self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.transports = transports
 
     @property
     def returncode(self) -> int | None:
-        return self.process.returncode
+        return self.process.poll()
 
     def kill(self) -> None:
         """The whole group: whatever the tool started too."""
@@ -195,35 +203,79 @@ class _Here:
             os.killpg(self.process.pid, signal.SIGKILL)
 
     async def ended(self) -> None:
-        """Until the process has exited. Not `wait()`: it also waits for every process
-        that holds one of its pipes, and a tool may leave one behind."""
-        while self.process.returncode is None:
+        """Until the process has exited (and is reaped). Not `wait()`: it also waits for
+        every process that holds one of its pipes, and a tool may leave one behind."""
+        while self.process.poll() is None:
             await asyncio.sleep(0.005)
 
     def end_leftovers(self) -> None:
         self.kill()
 
     def close(self) -> None:
-        pass
+        for transport in self.transports:
+            transport.close()
 
 
 async def _start_here(folder: Path) -> _Here:
+    """Started with `subprocess.Popen`, not the event loop's `subprocess_exec`: Popen
+    starts the process with vfork, which costs the executor ~0.2 ms of CPU; uvloop's
+    spawn forks the whole executor (its page tables), ~4.8 ms of CPU and ~14 ms of
+    the loop's time per call, measured (docs/performance.md, session 6)."""
     python, handed, descriptors = _interpreter()
-    process = await asyncio.create_subprocess_exec(
-        *python,
-        "-c",
-        # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
-        "from services.tool_executor.tool_process import main; main()",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    process = subprocess.Popen(
+        [
+            *python,
+            "-c",
+            # Not `-m`: the tool gets the very ToolContext class that `tool_process` names.
+            _START if python[1:] == ["-I", "-S"] else "from services.tool_executor.tool_process import main; main()",
+        ],
+        # Unbuffered: the loop reads and writes the descriptors, never these file objects.
+        bufsize=0,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         cwd=folder,
         env={**_basic_environment(folder), **handed},
         pass_fds=descriptors,
         # A group of its own: a timeout kills whatever the tool started too.
         start_new_session=True,
     )
-    return _Here(process)
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    try:
+        stdin, stdout, stderr, transports = await _streams(process.stdin, process.stdout, process.stderr)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            pipe.close()
+        process.wait()
+        raise
+    return _Here(process, stdin, stdout, stderr, transports)
+
+
+async def _streams(
+    stdin_pipe: Any, stdout_pipe: Any, stderr_pipe: Any
+) -> tuple[asyncio.StreamWriter, asyncio.StreamReader, asyncio.StreamReader, list[asyncio.BaseTransport]]:
+    """Our ends of a tool process's three pipes (file objects, which the transports
+    own from here) as the loop's streams: its stdin to write, its stdout and stderr to read."""
+    loop = asyncio.get_running_loop()
+    stdout = asyncio.StreamReader(limit=1 << 16)
+    stderr = asyncio.StreamReader(limit=1 << 16)
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        for pipe, reader in ((stdout_pipe, stdout), (stderr_pipe, stderr)):
+            reading, _ = await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
+                pipe,
+            )
+            transports.append(reading)
+        writing, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, stdin_pipe)
+        transports.append(writing)
+    except BaseException:
+        for opened in transports:
+            opened.close()
+        raise
+    return asyncio.StreamWriter(writing, protocol, None, loop), stdout, stderr, transports
 
 
 class LauncherUnavailable(Exception):
@@ -327,27 +379,13 @@ async def _launch(path: Path) -> _Launched:
             raise LauncherUnavailable(f"the tool launcher refused to start the tool: {answer.refused}")
         if isinstance(answer, Exited):
             raise LauncherUnavailable(f"the tool launcher at {path} answered no start; nothing ran")
-        stdout = asyncio.StreamReader(limit=1 << 16)
-        stderr = asyncio.StreamReader(limit=1 << 16)
-        transports: list[asyncio.BaseTransport] = []
-        try:
-            for descriptor, reader in ((stdout_read, stdout), (stderr_read, stderr)):
-                ours.remove(descriptor)  # the pipe object owns it from here
-                reading, _ = await loop.connect_read_pipe(
-                    lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
-                    os.fdopen(descriptor, "rb", buffering=0),
-                )
-                transports.append(reading)
-            ours.remove(stdin_write)
-            writing, protocol = await loop.connect_write_pipe(
-                asyncio.streams.FlowControlMixin, os.fdopen(stdin_write, "wb", buffering=0)
-            )
-            transports.append(writing)
-        except BaseException:
-            for opened in transports:
-                opened.close()
-            raise
-        stdin = asyncio.StreamWriter(writing, protocol, None, loop)
+        for descriptor in (stdin_write, stdout_read, stderr_read):
+            ours.remove(descriptor)  # the pipe objects own them from here
+        stdin, stdout, stderr, transports = await _streams(
+            os.fdopen(stdin_write, "wb", buffering=0),
+            os.fdopen(stdout_read, "rb", buffering=0),
+            os.fdopen(stderr_read, "rb", buffering=0),
+        )
         return _Launched(connection, stdin, stdout, stderr, transports)
     except BaseException:
         for descriptor in ours + theirs:
@@ -422,13 +460,24 @@ def _interpreter() -> tuple[list[str], dict[str, str], tuple[int, ...]]:
         if os.environ.get(name, "").startswith(_HANDED)
     }
     if not handed and not sys.executable.startswith(_HANDED):
-        return [sys.executable, "-I"], {}, ()
+        # -S: no `site` either. Its `.pth` files cost more than the rest of the start
+        # (an editable install's import finder alone ~11 ms of CPU per call, ~20 of ~33
+        # in all, measured); the tool's process takes the executor's import path on its
+        # stdin, and runs `site` itself only for a tool that cannot be imported without
+        # it (`tool_process._load`). Its own module is found through `_PACKAGE_ROOT`.
+        return [sys.executable, "-I", "-S"], {}, ()
     named = [sys.executable, *(part for value in handed.values() for part in value.split(":"))]
     descriptors = sorted({int(path[len(_HANDED) :].split("/")[0]) for path in named if path.startswith(_HANDED)})
     return [sys.executable, "-s", "-P"], handed, tuple(descriptors)
 
 
 _HANDED = "/proc/self/fd/"
+# Where `services` is imported from (a source tree or site-packages): without `site`, the
+# tool's process finds `tool_process` there (and with it only the standard library).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_START = (
+    f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from services.tool_executor.tool_process import main; main()"
+)
 
 
 def _import_path() -> list[str]:

@@ -20,15 +20,17 @@ SHORT = {"approval-ledger": "ledger", "publisher": "publisher", "model-step": "m
 COUNTS_SQL = ("approval-ledger", "publisher", "model-step", "tool-executor")
 
 
-def process_cpu(pid: int) -> float | None:
-    """utime + stime of one process, in seconds."""
+def process_cpu(pid: int, *, children: bool = False) -> float | None:
+    """utime + stime of one process, in seconds; with `children`, instead cutime + cstime:
+    what its children that ended and were reaped cost (the executor's python tool processes)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             data = f.read()
     except OSError:
         return None
     fields = data[data.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / CLK_TCK
 
 
 def dependency_cpu() -> dict[str, dict[int, float]]:
@@ -56,6 +58,12 @@ def dependency_cpu_delta(before: dict[str, dict[int, float]], after: dict[str, d
 
 def service_cpu(deployment: Deployment) -> dict[str, float]:
     return {name: process_cpu(p.pid) or 0.0 for name, p in deployment.processes.items()}
+
+
+def children_cpu(deployment: Deployment) -> float:
+    """What the services' ended children cost: the executor's python tool processes (one per
+    call, a Python interpreter each), which their parents' own figures leave out."""
+    return sum(process_cpu(p.pid, children=True) or 0.0 for p in deployment.processes.values())
 
 
 def find_py_spy() -> str | None:

@@ -19,6 +19,7 @@ import asyncpg
 from tests.bench.adapter import BenchFailure, ChannelAdapter, RoundTrip
 from tests.bench.cpu import (
     SHORT,
+    children_cpu,
     dependency_cpu,
     dependency_cpu_delta,
     service_cpu,
@@ -126,6 +127,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     counts_before = await ledger.counts()
     sql_before = await statement_counts(ctx.deployment)
     cpu_before, deps_before, own_before = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
+    children_before = children_cpu(ctx.deployment)
     load_before = os.getloadavg()[0]
     profilers = start_profilers(ctx.deployment, profile_dir, seconds) if profile_dir else []
     results: list[RoundTrip] = []
@@ -150,6 +152,7 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
     finished = time.time()
     await ledger.quiescent()
     cpu_after, deps_after, own_after = service_cpu(ctx.deployment), dependency_cpu(), time.process_time()
+    children_after = children_cpu(ctx.deployment)
     counts_after = await ledger.counts()
     sql_after = await statement_counts(ctx.deployment)
     for profiler in profilers:
@@ -227,6 +230,8 @@ async def run_level(ctx: Context, concurrency: int, seconds: float, label: str,
         "cpu_ms_per_rt": {**{SHORT[k]: v / per_rt * 1000 for k, v in cpu.items()},
                           "signoff_total": sum(cpu.values()) / per_rt * 1000},
         "driver_cpu_ms_per_rt": (own_after - own_before) / per_rt * 1000,
+        # The services' children (the python tool processes), not in cpu_ms_per_rt nor in the cpu limit.
+        "tool_process_cpu_ms_per_rt": (children_after - children_before) / per_rt * 1000,
         # SQL statements (an executemany counts once) and transactions ended, per round trip, by service.
         "sql_per_rt": {
             service: {k: (sql_after[service].get(k, 0) - v) / per_rt for k, v in before.items()}

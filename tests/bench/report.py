@@ -113,6 +113,9 @@ def render_table(result: dict[str, Any]) -> str:
             f" {cpu.get('model', 0):>8.2f} {cpu.get('executor', 0):>8.2f} {cpu['signoff_total']:>8.2f} │"
             f" {level['driver_cpu_ms_per_rt']:>6.2f} │ {deps.get('postgres', 0):>6.2f} {deps.get('beam.smp', 0):>6.2f}"
             f" {deps.get('redis-server', 0):>6.2f} │ {level['cpu_bound_round_trips_per_second']:>9.1f}")
+    lines.append("python tool processes (the services' children; in neither total nor limit): " + ", ".join(
+        f"{level['concurrency']} sessions {level.get('tool_process_cpu_ms_per_rt', 0):.2f} ms/rt"
+        for level in result["levels"]))
     lines.append("")
     lines.append("ledger bytes per round trip (rows written, before retention): " + ", ".join(
         f"{level['concurrency']} sessions {level['ledger_bytes_per_rt']:,.0f}" for level in result["levels"]))
