@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, or_, select
+from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import BindParameter
 
@@ -33,7 +33,10 @@ OUTBOX, INBOX, HOOKS = TABLES["outbox"], TABLES["inbox"], TABLES["hook_deliverie
 BATCH = 500
 _CUT: BindParameter[Any] = bindparam("cut")
 _LIMIT: BindParameter[Any] = bindparam("limit")
-# (what, statement): each deletes one batch of rows past their time.
+# (what, statement): each deletes one batch of rows past their time. The outbox's and the
+# inbox's are read oldest first along an index on their time (`ix_outbox_unsent`,
+# `ix_inbox_received`, migration 0015): a sweep with nothing past its time reads one
+# index entry, not every row kept (issue 25), whatever the planner's statistics say.
 _SWEEPS = (
     (
         "sent outbox rows",
@@ -41,6 +44,7 @@ _SWEEPS = (
             OUTBOX.c.id.in_(
                 select(OUTBOX.c.id)
                 .where(OUTBOX.c.sent_at.is_not(None), OUTBOX.c.sent_at < _CUT)
+                .order_by(OUTBOX.c.sent_at)
                 .limit(_LIMIT)
                 .scalar_subquery()
             )
@@ -50,7 +54,11 @@ _SWEEPS = (
         "inbox rows",
         delete(INBOX).where(
             INBOX.c.message_id.in_(
-                select(INBOX.c.message_id).where(INBOX.c.received_at < _CUT).limit(_LIMIT).scalar_subquery()
+                select(INBOX.c.message_id)
+                .where(INBOX.c.received_at < _CUT)
+                .order_by(INBOX.c.received_at)
+                .limit(_LIMIT)
+                .scalar_subquery()
             )
         ),
     ),
@@ -66,6 +74,25 @@ _SWEEPS = (
         ),
     ),
 )
+
+# The oldest row each of those sweeps could delete: the head of the same index, read
+# first, so a sweep with nothing past its time costs one index entry however many rows
+# are kept (the planner, without fresh statistics, may still scan for the DELETE's own
+# subquery; min() over an index it takes by shape).
+_OLDEST = {
+    "sent outbox rows": select(func.min(OUTBOX.c.sent_at)).where(OUTBOX.c.sent_at.is_not(None)),
+    "inbox rows": select(func.min(INBOX.c.received_at)),
+}
+
+
+def _passed(oldest: datetime | str | None, cut: datetime) -> bool:
+    if oldest is None:
+        return False
+    if isinstance(oldest, str):  # min() loses the column's type on SQLite
+        oldest = datetime.fromisoformat(oldest)
+    if oldest.tzinfo is None:
+        oldest = oldest.replace(tzinfo=UTC)
+    return oldest < cut
 
 
 @dataclass(frozen=True)
@@ -84,6 +111,11 @@ async def sweep_once(engine: AsyncEngine, retention: Retention) -> dict[str, int
     at = now()
     for (what, statement), keep in zip(_SWEEPS, retention.cutoffs(), strict=True):
         total = 0
+        if what in _OLDEST:
+            async with engine.connect() as conn:
+                if not _passed((await conn.execute(_OLDEST[what])).scalar(), at - keep):
+                    deleted[what] = 0
+                    continue
         while True:
             async with engine.begin() as conn:
                 gone = (await conn.execute(statement, {"cut": at - keep, "limit": BATCH})).rowcount
