@@ -170,7 +170,9 @@ class ApprovalRequest(Base):
         ),
         _pending_index("ix_approval_requests_pending_session", "session_id", "created_at", "id"),
         _pending_index("ix_approval_requests_pending_tool_age", "tool", "created_at"),
-        _pending_index("ix_approval_requests_pending_tool_expiry", "tool", "expires_at", where="expires_at IS NOT NULL"),
+        _pending_index(
+            "ix_approval_requests_pending_tool_expiry", "tool", "expires_at", where="expires_at IS NOT NULL"
+        ),
     )
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     call_id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), unique=True)

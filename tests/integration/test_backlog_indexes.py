@@ -40,7 +40,8 @@ _SEED = [
     " FROM generate_series(1, 2 * :n) g",
     # What retention keeps: received and sent within the window.
     "INSERT INTO inbox (message_id, message_type, session_id, received_at)"
-    " SELECT 'msg_' || g, 'turn.start', 'ses_' || g, now() - g * interval '1 millisecond' FROM generate_series(1, :n) g",
+    " SELECT 'msg_' || g, 'turn.start', 'ses_' || g, now() - g * interval '1 millisecond'"
+    " FROM generate_series(1, :n) g",
     "INSERT INTO outbox (message_id, session_id, message_type, exchange, routing_key, body, created_at, sent_at)"
     " SELECT 'evt_' || g, 'ses_' || g, 'turn.completed', 'x', 'k', '{}', now(), now() FROM generate_series(1, :n) g",
 ]

@@ -84,7 +84,8 @@ def upgrade() -> None:
     with op.batch_alter_table("approval_requests") as batch:
         batch.add_column(sa.Column("tool", sa.String(256), nullable=True))
     op.execute(
-        "UPDATE approval_requests SET tool = (SELECT tool FROM tool_calls WHERE tool_calls.id = approval_requests.call_id)"
+        "UPDATE approval_requests"
+        " SET tool = (SELECT tool FROM tool_calls WHERE tool_calls.id = approval_requests.call_id)"
     )
     for name, (columns, where) in PARTIAL.items():
         op.create_index(
@@ -113,7 +114,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     postgres = op.get_bind().dialect.name == "postgresql"
-    for name in ("pending_tally_insert", "pending_tally_update", "pending_tally_update_old", "pending_tally_update_new", "pending_tally_delete"):
+    triggers = ("insert", "update", "update_old", "update_new", "delete")
+    for name in (f"pending_tally_{trigger}" for trigger in triggers):
         op.execute(f"DROP TRIGGER IF EXISTS {name}" + (" ON approval_requests" if postgres else ""))
     if postgres:
         op.execute("DROP FUNCTION IF EXISTS pending_tally_count()")
