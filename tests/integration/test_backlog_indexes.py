@@ -86,6 +86,8 @@ async def test_a_sessions_pending_reads_use_the_pending_session_index_not_the_st
         (store_sql._PENDING, {"session_id": "ses_7"}),
         (store_sql._PENDING_TOOLS, {"session_id": "ses_7"}),
         (store_sql._STEP, {"step_id": "stp_7", "session_id": "ses_7"}),
+        (store_sql._CALL_AND_SIBLINGS, {"call_id": "call_13", "session_id": "ses_7"}),
+        (store_sql._REQUEST_AND_CALLS, {"request_id": "apr_13", "session_id": "ses_7", "responder": "alice"}),
     ):
         shown = await plan(ledger, query, **parameters)
         assert "ix_approval_requests_pending_session" in shown, shown
