@@ -6,6 +6,8 @@ kept by triggers, is exact through every change."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import text
 
@@ -141,3 +143,67 @@ async def test_the_gauge_counts_each_tools_pending_requests_exactly_through_chan
 async def _tally(engine) -> dict[str, int]:
     async with engine.connect() as conn:
         return {tool: count for tool, count, _ in (await conn.execute(backlog._TALLY)).all() if count}
+
+
+async def test_on_sqlite_too_the_tally_follows_each_committed_change_and_the_fold_keeps_the_sum(sqlite_deployment):
+    from sqlalchemy import insert, update
+
+    from shared.ledger.tables import ApprovalRequest, Session, Step, ToolCall, Turn
+
+    sqlite_deployment.setup()
+    at = now()
+    async with sqlite_deployment.engine("approval-ledger") as engine:
+        await migrate(engine, sqlite_deployment.settings)
+        async with engine.begin() as conn:
+            for n in range(1, 71):  # past FOLD_AT changes, so the reading folds
+                ids = {k: f"{k}_{n}" for k in ("ses", "trn", "stp", "call", "apr")}
+                await conn.execute(
+                    insert(Session).values(
+                        id=ids["ses"], status="waiting", provider="scripted", created_at=at, updated_at=at
+                    )
+                )
+                await conn.execute(
+                    insert(Turn).values(id=ids["trn"], session_id=ids["ses"], status="running", created_at=at)
+                )
+                await conn.execute(
+                    insert(Step).values(
+                        id=ids["stp"], session_id=ids["ses"], turn_id=ids["trn"], status="completed", created_at=at
+                    )
+                )
+                tool = "fetch" if n % 7 else "publish_post"
+                await conn.execute(
+                    insert(ToolCall).values(
+                        id=ids["call"],
+                        session_id=ids["ses"],
+                        step_id=ids["stp"],
+                        position=0,
+                        provider_call_id="p",
+                        tool=tool,
+                        arguments={},
+                        args_digest="d",
+                        status="awaiting_approval",
+                        idempotency_key="k",
+                        created_at=at,
+                    )
+                )
+                await conn.execute(
+                    insert(ApprovalRequest).values(
+                        id=ids["apr"],
+                        call_id=ids["call"],
+                        session_id=ids["ses"],
+                        tool=tool,
+                        status="pending",
+                        args_digest="d",
+                        card={},
+                        created_at=at,
+                        expires_at=at + timedelta(days=1),
+                    )
+                )
+        async with engine.begin() as conn:
+            decided = ApprovalRequest.id.in_([f"apr_{n}" for n in range(1, 11)])  # 1 publish_post, 9 fetch
+            await conn.execute(update(ApprovalRequest).where(decided).values(status="approved"))
+        measured = await backlog.measure(engine)  # reads, then folds the 80 changes
+        assert measured.pending["unknown"][0] == 60
+        assert await _tally(engine) == {"fetch": 60 - 9, "publish_post": 9}
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM pending_tally"))).scalar() == 2
