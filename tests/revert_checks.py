@@ -814,6 +814,10 @@ MUTATIONS = [
    '    op.create_index("ix_inbox_received", "inbox", ["received_at"])\n',
    "",
    "tests/integration/test_backlog_indexes.py::test_retention_finds_nothing_past_its_time_from_one_entry_of_the_inbox_and_outbox_time_indexes"),
+  ("the gauge's per-tool heads as min() aggregates, planned over every entry of the tool (issue 25)", "services/approval_ledger/backlog.py",
+   "        select(column)\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n        .order_by(column)\n        .limit(1)\n",
+   "        select(func.min(column))\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n",
+   "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

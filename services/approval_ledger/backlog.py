@@ -54,10 +54,14 @@ _waiting = REQUESTS.alias("waiting")
 
 
 def _head(column):
-    """The tool's first pending value of `column`: one entry of its partial index."""
+    """The tool's first pending value of `column`: one entry of its partial index. ORDER BY
+    + LIMIT 1, not min(): without statistics PostgreSQL may plan min() as an aggregate over
+    every entry of the tool (a bitmap scan of all of them), where this reads the first."""
     return (
-        select(func.min(column))
+        select(column)
         .where(_waiting.c.status == "pending", _waiting.c.tool == bindparam("tool"), column.is_not(None))
+        .order_by(column)
+        .limit(1)
         .scalar_subquery()
     )
 

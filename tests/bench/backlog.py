@@ -123,8 +123,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--approvals", type=int, default=200)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--levers", help="instead: each lever alone, with and without its index, at these backlogs")
     args = parser.parse_args(argv)
     require_services(postgres=True)
+    if args.levers:
+        for pending in (int(p) for p in args.levers.split(",")):
+            for row in asyncio.run(levers(pending)):
+                print(json.dumps(row), flush=True)
+        return 0
     results = []
     for pending in (int(p) for p in args.pending.split(",")):
         figures = asyncio.run(level(pending, args.rate, args.idle_seconds, args.approvals))
@@ -137,12 +143,130 @@ def main(argv: list[str]) -> int:
                 r[f"{key}_vs_empty"] = round(r[key] / empty[key], 2) if empty[key] else None
     print(f"{'pending':>8} {'sessions/s':>10} {'idle CPU-s/min':>15} {'x empty':>8} {'ms/approval':>12} {'x empty':>8}")
     for r in results:
-        print(f"{r['pending']:>8} {r['sessions_per_second']:>10} {r['idle_cpu_seconds_per_minute']:>15} "
-              f"{r.get('idle_cpu_seconds_per_minute_vs_empty', '')!s:>8} {r['cpu_ms_per_approval']:>12} "
-              f"{r.get('cpu_ms_per_approval_vs_empty', '')!s:>8}")
+        print(
+            f"{r['pending']:>8} {r['sessions_per_second']:>10} {r['idle_cpu_seconds_per_minute']:>15} "
+            f"{r.get('idle_cpu_seconds_per_minute_vs_empty', '')!s:>8} {r['cpu_ms_per_approval']:>12} "
+            f"{r.get('cpu_ms_per_approval_vs_empty', '')!s:>8}"
+        )
     if args.output:
         args.output.write_text(json.dumps(results, indent=2))
     return 0
+
+
+# --- each lever's own A/B: the statements' server time with and without its index -------------
+
+# The gauge's read before issue 25: every pending row joined to its call.
+_OLD_GAUGE = (
+    "SELECT c.tool, count(*), min(r.created_at), min(r.expires_at) FROM approval_requests r"
+    " JOIN tool_calls c ON c.id = r.call_id WHERE r.status = 'pending' GROUP BY c.tool"
+)
+# Retention's inbox read before issue 25 (no index on received_at, no order).
+_OLD_INBOX = "SELECT message_id FROM inbox WHERE received_at < $1 LIMIT 500"
+
+
+async def server_ms(conn, sql: str, values: tuple, runs: int = 15) -> float:
+    """The median of PostgreSQL's own execution time for one statement (EXPLAIN ANALYZE)."""
+    times = []
+    for _ in range(runs):
+        plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+        times.append((json.loads(plan) if isinstance(plan, str) else plan)[0]["Execution Time"])
+    return sorted(times)[len(times) // 2]
+
+
+async def levers(pending: int) -> list[dict[str, Any]]:
+    """A schema with `pending` requests waiting (and as many decided), seeded as the plan
+    tests seed it, never analyzed, autovacuum off; per lever, its statement's time as it
+    is and with its index dropped (in a transaction rolled back), or the statement before."""
+    from datetime import timedelta
+
+    from sqlalchemy.dialects import postgresql
+
+    from services.approval_ledger import backlog, retention, store_sql
+    from shared.ledger.database import migrate
+    from shared.messages import now
+    from tests.integration.test_backlog_indexes import _SEED, STALE
+
+    def compiled(query, **parameters) -> tuple[str, tuple]:
+        done = query.compile(dialect=postgresql.asyncpg.dialect())
+        values = done.construct_params(parameters)
+        return str(done), tuple(values[name] for name in done.positiontup)
+
+    base = Path(tempfile.mkdtemp(prefix="signoff-bench-levers-"))
+    deployment = Deployment(store="postgres", data_dir=base / "data")
+    deployment.setup()
+    results = []
+    try:
+        async with deployment.engine("approval-ledger") as engine:
+            await migrate(engine, deployment.settings)
+        conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": deployment.namespace})
+        for table in STALE:
+            await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        for statement in _SEED:
+            await conn.execute(statement.replace(":n", "$1"), pending)
+        # Folded, as the gauge folds it within 5 s of the changes.
+        await conn.execute(
+            "WITH gone AS (DELETE FROM pending_tally RETURNING tool, delta)"
+            " INSERT INTO pending_tally (tool, delta) SELECT tool, sum(delta) FROM gone GROUP BY tool"
+        )
+        at = now()
+        cases = [
+            (
+                "escalation sweep (every 1 s)",
+                compiled(store_sql._DUE_ESCALATIONS, at=at, limit=100),
+                "ix_approval_requests_pending_escalation",
+                None,
+            ),
+            (
+                "expiry sweep (every 1 s)",
+                compiled(store_sql._DUE, at=at, limit=100),
+                "ix_approval_requests_pending_expiry",
+                None,
+            ),
+            (
+                "a session's pending requests (approval path)",
+                compiled(store_sql._PENDING, session_id="ses_7"),
+                "ix_approval_requests_pending_session",
+                None,
+            ),
+            (
+                "a request and its calls (approval path)",
+                compiled(store_sql._REQUEST_AND_CALLS, request_id="apr_13", session_id="ses_7", responder="a"),
+                "ix_approval_requests_pending_session",
+                None,
+            ),
+            ("the gauge: the count per tool (every 5 s)", compiled(backlog._TALLY), None, (_OLD_GAUGE, ())),
+            (
+                "the gauge: one tool's heads",
+                compiled(backlog._HEADS, tool="fetch"),
+                "ix_approval_requests_pending_tool_age",
+                None,
+            ),
+            (
+                "retention: the oldest inbox row",
+                compiled(retention._OLDEST["inbox rows"]),
+                None,
+                (_OLD_INBOX, (at - timedelta(hours=1),)),
+            ),
+        ]
+        for name, (sql, values), index, before in cases:
+            after_ms = await server_ms(conn, sql, values)
+            if index is not None:
+                dropped = conn.transaction()
+                await dropped.start()
+                await conn.execute(f"DROP INDEX {index}")
+                before_ms = await server_ms(conn, sql, values)
+                await dropped.rollback()  # the index stays for the next case
+            else:
+                assert before is not None
+                before_ms = await server_ms(conn, before[0], before[1])
+            results.append(
+                {"lever": name, "pending": pending, "before_ms": round(before_ms, 3), "after_ms": round(after_ms, 3)}
+            )
+        await conn.close()
+    finally:
+        await deployment.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    return results
 
 
 if __name__ == "__main__":
