@@ -16,7 +16,7 @@ from services.approval_ledger.retention import _OLDEST
 from shared.ledger.database import migrate
 from shared.messages import now
 
-WAITING = 5000
+WAITING = 20000
 
 # sessions, turns, steps, calls and their requests: `WAITING` pending (expiring in a day,
 # a tenth of them to escalate in an hour) and as many decided; all of tool `fetch`,
