@@ -79,8 +79,10 @@ async def test_the_expiry_and_escalation_sweeps_read_only_the_head_of_their_part
     assert "ix_approval_requests_pending_expiry" in due, due
     escalations = await plan(ledger, store_sql._DUE_ESCALATIONS, at=now(), limit=100)
     assert "ix_approval_requests_pending_escalation" in escalations, escalations
+    # Only the due entries are read (a range of the index ending now), however many wait.
+    assert "Index Cond: (expires_at <=" in due and "Index Cond: (escalate_at <=" in escalations
     for shown in (due, escalations):
-        assert "Seq Scan" not in shown and "Bitmap" not in shown and "Limit" in shown, shown
+        assert "Seq Scan" not in shown and "BitmapAnd" not in shown and "Limit" in shown, shown
 
 
 async def test_a_sessions_pending_reads_use_the_pending_session_index_not_the_status_index(ledger):
