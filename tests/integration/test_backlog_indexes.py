@@ -103,6 +103,8 @@ async def test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pendin
     assert "ix_approval_requests_pending_tool_age" in heads, heads
     assert "ix_approval_requests_pending_tool_expiry" in heads, heads
     assert "Seq Scan on approval_requests" not in heads and "Bitmap" not in heads, heads
+    # Each head is the first entry (a Limit over an ordered index scan), not an aggregate over the tool.
+    assert heads.count("Limit") == 2 and "Aggregate" not in heads, heads
     tally = await plan(ledger, backlog._TALLY)
     assert "approval_requests" not in tally and "tool_calls" not in tally, tally
 
