@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers; each test has its own namespace, schema and key prefix.
 WORKERS ?= 2
 
-.PHONY: cluster-test bench-cluster services run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation mutation-smoke fuzz
+.PHONY: cluster-test bench-backlog bench-cluster services run test lint contract unit integration crash chaos bench revert-checks install compose-check clean mutation mutation-smoke fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+
+# What a backlog of requests waiting for a person costs PostgreSQL (issue 25): 0, 1,000,
+# 5,000 and 20,000 pending, built over the bus first (tests/bench/backlog.py).
+bench-backlog: $(STAMP)
+	$(BIN)/python -m tests.bench.backlog $(BENCH_ARGS)
 
 # The same bench on the cluster of deploy/local/cluster_up.sh (three RabbitMQ nodes, quorum
 # queues replicated to all three; a PostgreSQL primary with a synchronous standby), started if

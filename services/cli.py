@@ -93,8 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     show = session_commands.add_parser("show", help="a session's status, transcript and pending requests")
     show.add_argument("session_id")
 
-    pending = commands.add_parser("pending", help="approval requests waiting for a person")
+    pending = commands.add_parser(
+        "pending", help="approval requests waiting for a person, a page at a time, the first to expire first"
+    )
     pending.add_argument("--session")
+    pending.add_argument("--tool", help="only this tool's requests")
+    pending.add_argument("--approver", metavar="NAME", help="only those NAME may approve (as the tools file says now)")
+    pending.add_argument("--page", type=int, default=1, help="which page (from 1)")
+    pending.add_argument("--page-size", type=int, help="cards per page (20)")
+    pending.add_argument("--all", action="store_true", help="every card, not a page")
     approve = commands.add_parser("approve", help="approve a request")
     approve.add_argument("request_id")
     approve.add_argument("--message", default="", help="a note for the model, sent with the decision")
@@ -196,7 +203,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "session":
             return asyncio.run(console.show_session(settings, args.session_id))
         if args.command == "pending":
-            return asyncio.run(console.list_pending(settings, args.session))
+            return asyncio.run(
+                console.list_pending(
+                    settings,
+                    args.session,
+                    tool=args.tool,
+                    approver=args.approver,
+                    page=args.page,
+                    every=args.all,
+                    **({"page_size": args.page_size} if args.page_size is not None else {}),
+                )
+            )
         if args.command == "approve":
             return asyncio.run(
                 console.respond(

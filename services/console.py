@@ -20,7 +20,7 @@ from typing import Any, Literal
 import aio_pika
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from faststream.rabbit import RabbitBroker
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from services.approval_ledger.domain import speaks_for
 from services.gateway import users as gateway_users
@@ -28,10 +28,12 @@ from services.gateway.settings import GatewaySettings
 from services.supervisor import Supervisor
 from shared import audit, faults, keyring, provisioning
 from shared.amqp_hosts import connect_robust, failover_broker, split_hosts
+from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
 from shared.ledger.database import create_engine, migrate, sessionmaker
+from shared.ledger.pages import may_approve_condition
 from shared.ledger.tables import (
     TABLES,
     ApprovalRequest,
@@ -427,21 +429,57 @@ async def show_session(settings: Settings, session_id: str) -> int:
     return 0
 
 
-async def list_pending(settings: Settings, session_id: str | None) -> int:
+# `signoff pending` shows this many cards unless told otherwise (`--page-size`, `--all`):
+# with thousands waiting, a terminal full of cards helps nobody (issue 25).
+PENDING_PAGE = 20
+
+
+async def list_pending(
+    settings: Settings,
+    session_id: str | None,
+    *,
+    tool: str | None = None,
+    approver: str | None = None,
+    page: int = 1,
+    page_size: int = PENDING_PAGE,
+    every: bool = False,
+) -> int:
+    """The pending requests, the first to expire first, a page at a time; then how many
+    more there are. Read along `ix_approval_requests_due` (status, expires_at): a page
+    costs its cards and the count, not a card per request waiting."""
+    if page < 1 or page_size < 1:
+        print("signoff: --page and --page-size count from 1", file=sys.stderr)
+        return 2
+    conditions = [ApprovalRequest.status == "pending"]
+    if session_id:
+        conditions.append(ApprovalRequest.session_id == session_id)
+    if tool:
+        conditions.append(ApprovalRequest.tool == tool)
+    if approver:
+        conditions.append(may_approve_condition(load_catalogue(settings.tools_file), approver))
     engine = create_engine(settings, identity="console", pool_size=2)
     try:
         async with sessionmaker(engine)() as db:
+            total = await db.scalar(select(func.count()).select_from(ApprovalRequest).where(*conditions)) or 0
             query = (
-                select(ApprovalRequest).where(ApprovalRequest.status == "pending").order_by(ApprovalRequest.created_at)
+                select(ApprovalRequest)
+                .where(*conditions)
+                .order_by(ApprovalRequest.expires_at.nulls_last(), ApprovalRequest.created_at, ApprovalRequest.id)
             )
-            if session_id:
-                query = query.where(ApprovalRequest.session_id == session_id)
+            skipped = 0 if every else (page - 1) * page_size
+            if not every:
+                query = query.offset(skipped).limit(page_size)
             requests = (await db.scalars(query)).all()
-            if not requests:
+            if not total:
                 print("no pending approval requests")
+            elif not requests:
+                print(f"no page {page}: {total} pending, {page_size} a page")
             for request in requests:
                 print(f"session {visible(request.session_id, FIELD_CHARS)}")
                 print_request(request)
+            more = total - skipped - len(requests)
+            if requests and more > 0:
+                print(f"{more} more; --all or --page {page + 1}")
     finally:
         await engine.dispose()
     return 0

@@ -399,10 +399,23 @@ class Client:
         session_id: str | None = None,
         limit: int = 100,
     ) -> list[Card]:
-        """The cards the caller may see: those they may approve and those of sessions they started."""
-        params = {"status": status, "tool": tool, "session_id": session_id, "limit": limit}
+        """The cards the caller may see: those they may approve and those of sessions they
+        started, oldest first: the first page of at most `limit` (`requests_page` pages on)."""
+        return self.requests_page(status=status, tool=tool, session_id=session_id, limit=limit).requests
+
+    def requests_page(
+        self,
+        *,
+        status: str | None = None,
+        tool: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Cards:
+        """One page of `requests`; its `next` is the `cursor` of the page after (None: the last)."""
+        params = {"status": status, "tool": tool, "session_id": session_id, "limit": limit, "cursor": cursor}
         call = Call("GET", "/v1/requests", params={k: v for k, v in params.items() if v is not None}, retry=True)
-        return parse(self._send(call), Cards).requests
+        return parse(self._send(call), Cards)
 
     def pending(self, *, tool: str | None = None, session_id: str | None = None, limit: int = 100) -> list[Card]:
         """The pending cards the caller may see."""
@@ -612,9 +625,20 @@ class AsyncClient:
         session_id: str | None = None,
         limit: int = 100,
     ) -> list[Card]:
-        params = {"status": status, "tool": tool, "session_id": session_id, "limit": limit}
+        return (await self.requests_page(status=status, tool=tool, session_id=session_id, limit=limit)).requests
+
+    async def requests_page(
+        self,
+        *,
+        status: str | None = None,
+        tool: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Cards:
+        params = {"status": status, "tool": tool, "session_id": session_id, "limit": limit, "cursor": cursor}
         call = Call("GET", "/v1/requests", params={k: v for k, v in params.items() if v is not None}, retry=True)
-        return parse(await self._send(call), Cards).requests
+        return parse(await self._send(call), Cards)
 
     async def pending(self, *, tool: str | None = None, session_id: str | None = None, limit: int = 100) -> list[Card]:
         return await self.requests(status="pending", tool=tool, session_id=session_id, limit=limit)

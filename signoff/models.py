@@ -94,6 +94,8 @@ class Card(Answer):
 
 class Cards(Answer):
     requests: list[Card]
+    # The next page's cursor (`requests_page(cursor=…)`); None: this was the last page.
+    next: str | None = None
 
 
 class TranscriptEntryShown(Answer):

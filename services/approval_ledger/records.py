@@ -356,6 +356,8 @@ def approval_request(
             "id": request_id,
             "call_id": call.id,
             "session_id": session.id,
+            # Kept with the request for the gauge's and the pages' indexes (migration 0015).
+            "tool": call.tool,
             "status": "pending",
             "args_digest": args_digest,
             "card": card.model_dump(mode="json"),

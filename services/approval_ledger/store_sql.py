@@ -76,10 +76,16 @@ _PENDING = (
     .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
     .order_by(APPROVAL_REQUESTS.c.created_at, APPROVAL_REQUESTS.c.id)
 )
-# A response id counts once: as a decision, or as one approval of several.
+# The sweeps' reads, each the head of a partial index of pending rows (migration 0015,
+# `ix_approval_requests_pending_expiry` / `_escalation`): their predicates repeat the
+# indexes' so the planner may use them, and ORDER BY + LIMIT reads only what is due.
 _DUE = (
     select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
-    .where(APPROVAL_REQUESTS.c.status == "pending", APPROVAL_REQUESTS.c.expires_at <= bindparam("at"))
+    .where(
+        APPROVAL_REQUESTS.c.status == "pending",
+        APPROVAL_REQUESTS.c.expires_at.is_not(None),
+        APPROVAL_REQUESTS.c.expires_at <= bindparam("at"),
+    )
     .order_by(APPROVAL_REQUESTS.c.expires_at)
     .limit(bindparam("limit"))
 )
@@ -87,12 +93,14 @@ _DUE_ESCALATIONS = (
     select(APPROVAL_REQUESTS.c.id, APPROVAL_REQUESTS.c.session_id)
     .where(
         APPROVAL_REQUESTS.c.status == "pending",
+        APPROVAL_REQUESTS.c.escalate_at.is_not(None),
         APPROVAL_REQUESTS.c.escalate_at <= bindparam("at"),
         APPROVAL_REQUESTS.c.escalated_at.is_(None),
     )
     .order_by(APPROVAL_REQUESTS.c.escalate_at)
     .limit(bindparam("limit"))
 )
+# A response id counts once: as a decision, or as one approval of several.
 _RESPONSE_USED = union_all(
     select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")),
     select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")),

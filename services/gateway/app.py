@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_l
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shared.ledger.pages import BadCursor
 from shared.messages import CancelTurn, Envelope, Remember, RespondToApproval, RevokeGrant, StartTurn, mint
 
 from .auth import COOKIE, CSRF_HEADER, Login, RedisState, Sessions, address_key, user_key
@@ -202,6 +203,8 @@ class Card(BaseModel):
 
 class Cards(BaseModel):
     requests: list[Card]
+    # The next page: pass it back as `cursor` (None: this was the last).
+    next: str | None = None
 
 
 class TranscriptEntryShown(BaseModel):
@@ -654,10 +657,17 @@ def create_app(start: Callable[[FastAPI], Any] | None = None) -> FastAPI:
         tool: Annotated[str | None, Query(max_length=256)] = None,
         session_id: Annotated[str | None, Query(pattern=ID)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
     ) -> dict[str, Any]:
-        """The cards the caller may see: those they may approve and those of sessions they started (operators: all)."""
-        cards = await gateway_of(request).ledger.requests(who.user, status, tool, session_id, limit)
-        return {"requests": cards}
+        """The cards the caller may see: those they may approve and those of sessions they started
+        (operators: all), oldest first, a page of at most `limit`; `next` is the cursor of the page after."""
+        try:
+            cards, following = await gateway_of(request).ledger.requests(
+                who.user, status, tool, session_id, limit, cursor
+            )
+        except BadCursor as error:
+            raise Problem(400, "bad-cursor", "Not a cursor", "Pass back a `next` this gateway gave.") from error
+        return {"requests": cards, "next": following}
 
     @app.get("/v1/requests/{request_id}", response_model=Card, responses=PROBLEMS, tags=["requests"])
     async def show_request(request_id: Identifier, request: Request, who: Who) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -40,6 +40,7 @@ from sqlalchemy import select
 
 from shared import audit
 from shared.catalogue import ToolSpec
+from shared.ledger.pages import BadCursor
 from shared.ledger.tables import Approval, AuditEntry, Turn
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_lines, visible
 from shared.redaction import redact_text
@@ -48,6 +49,9 @@ from .problems import Problem
 
 HERE = Path(__file__).parent
 PREFIX = "/inbox"
+# The inbox shows this many cards a page, the oldest first; a link leads to the next
+# (with thousands waiting, one page of all of them helps nobody: issue 25).
+INBOX_PAGE = 50
 TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
 # The pages load nothing from elsewhere and may not be framed (an approval button in
 # someone else's frame is a click they did not mean).
@@ -467,7 +471,9 @@ def install_routes(app: FastAPI, api: Any) -> None:
     # --- the inbox -----------------------------------------------------------------------
 
     @router.get("")
-    async def inbox(request: Request, decided: str | None = None, outcome: str | None = None) -> Response:
+    async def inbox(
+        request: Request, decided: str | None = None, outcome: str | None = None, cursor: str | None = None
+    ) -> Response:
         try:
             who = await person(request)
         except Problem as problem:
@@ -476,7 +482,10 @@ def install_routes(app: FastAPI, api: Any) -> None:
             return to_login(request)
         gateway = api.gateway_of(request)
         ledger = gateway.ledger
-        cards = await ledger.requests(who.user, "pending", None, None, 500)
+        try:
+            cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE, cursor)
+        except BadCursor:
+            cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE)
         starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
         now = datetime.now(UTC)
         approved = await approved_by(ledger, who.user, [c["id"] for c in cards])
@@ -484,7 +493,8 @@ def install_routes(app: FastAPI, api: Any) -> None:
         notice = None
         if decided and outcome in OUTCOMES:
             notice = OUTCOMES[outcome].format(request=visible(decided, FIELD_CHARS))
-        return page(request, "inbox.html", who=who, notice=notice, **split)
+        more = None if following is None else f"{PREFIX}?{urlencode({'cursor': following})}"
+        return page(request, "inbox.html", who=who, notice=notice, more=more, paged=cursor is not None, **split)
 
     @router.post("/sessions")
     async def start_form(request: Request) -> Response:

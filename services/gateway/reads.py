@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, func, literal_column, select, text
+from sqlalchemy import event, func, literal_column, or_, select, text, union
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from shared.catalogue import ToolCatalogue
+from shared.ledger import pages
 from shared.ledger.tables import (
     Approval,
     ApprovalRequest,
@@ -137,24 +138,50 @@ class Ledger:
             return await db.get(ApprovalRequest, request_id)
 
     async def requests(
-        self, user: User, status: str | None, tool: str | None, session_id: str | None, limit: int
-    ) -> list[dict[str, Any]]:
-        query = select(ApprovalRequest).order_by(ApprovalRequest.created_at, ApprovalRequest.id)
+        self,
+        user: User,
+        status: str | None,
+        tool: str | None,
+        session_id: str | None,
+        limit: int,
+        after: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the cards `user` may see, in (created_at, id) order, and the cursor of
+        the next page (None: the last). Who may see what is a WHERE clause here (the
+        same rule as `may_see_request`, which still checks each card), so a page reads
+        `limit` + 1 rows, never the whole backlog (issue 25). `after`: a cursor given
+        with an earlier page (`pages.BadCursor` if it is not one)."""
+        conditions = []
         if status:
-            query = query.where(ApprovalRequest.status == status)
+            conditions.append(ApprovalRequest.status == status)
         if session_id:
-            query = query.where(ApprovalRequest.session_id == session_id)
+            conditions.append(ApprovalRequest.session_id == session_id)
+        if tool:
+            conditions.append(ApprovalRequest.tool == tool)
+        if after:
+            conditions.append(pages.after(after))
+        if not user.operator:
+            started = union(
+                select(Session.id).where(Session.started_by == user.name),
+                select(Turn.session_id).where(Turn.started_by == user.name),
+            )
+            conditions.append(
+                or_(pages.may_approve_condition(self.catalogue, user.name), ApprovalRequest.session_id.in_(started))
+            )
+        query = (
+            select(ApprovalRequest)
+            .where(*conditions)
+            .order_by(ApprovalRequest.created_at, ApprovalRequest.id)
+            .limit(limit + 1)
+        )
         async with self.sessions() as db:
             found = list(await db.scalars(query))
         shown = []
-        for request in found:
-            if tool and request.card.get("tool") != tool:
-                continue
+        for request in found[:limit]:
             if await self.may_see_request(user, request):
                 shown.append(await self.card(request))
-            if len(shown) >= limit:
-                break
-        return shown
+        last = found[limit - 1] if len(found) > limit else None
+        return shown, None if last is None else pages.cursor(last.created_at, last.id)
 
     async def card(self, request: ApprovalRequest) -> dict[str, Any]:
         """A request as the card shows it: redacted arguments with the hidden fields named,

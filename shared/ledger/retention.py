@@ -17,10 +17,10 @@ PostgreSQL the ledger's role may not delete from it anyway (shared/provisioning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, or_, select
+from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import BindParameter
 
@@ -31,7 +31,10 @@ OUTBOX, INBOX, HOOKS = TABLES["outbox"], TABLES["inbox"], TABLES["hook_deliverie
 BATCH = 500
 _CUT: BindParameter[Any] = bindparam("cut")
 _LIMIT: BindParameter[Any] = bindparam("limit")
-# (what, statement): each deletes one batch of rows past their time.
+# (what, statement): each deletes one batch of rows past their time. The outbox's and the
+# inbox's are read oldest first along an index on their time (`ix_outbox_unsent`,
+# `ix_inbox_received`, migration 0015): a sweep with nothing past its time reads one
+# index entry, not every row kept (issue 25), whatever the planner's statistics say.
 _SWEEPS = (
     (
         "sent outbox rows",
@@ -39,6 +42,7 @@ _SWEEPS = (
             OUTBOX.c.id.in_(
                 select(OUTBOX.c.id)
                 .where(OUTBOX.c.sent_at.is_not(None), OUTBOX.c.sent_at < _CUT)
+                .order_by(OUTBOX.c.sent_at)
                 .limit(_LIMIT)
                 .scalar_subquery()
             )
@@ -48,7 +52,11 @@ _SWEEPS = (
         "inbox rows",
         delete(INBOX).where(
             INBOX.c.message_id.in_(
-                select(INBOX.c.message_id).where(INBOX.c.received_at < _CUT).limit(_LIMIT).scalar_subquery()
+                select(INBOX.c.message_id)
+                .where(INBOX.c.received_at < _CUT)
+                .order_by(INBOX.c.received_at)
+                .limit(_LIMIT)
+                .scalar_subquery()
             )
         ),
     ),
@@ -64,6 +72,25 @@ _SWEEPS = (
         ),
     ),
 )
+
+# The oldest row each of those sweeps could delete: the head of the same index, read
+# first, so a sweep with nothing past its time costs one index entry however many rows
+# are kept (the planner, without fresh statistics, may still scan for the DELETE's own
+# subquery; min() over an index it takes by shape).
+_OLDEST = {
+    "sent outbox rows": select(func.min(OUTBOX.c.sent_at)).where(OUTBOX.c.sent_at.is_not(None)),
+    "inbox rows": select(func.min(INBOX.c.received_at)),
+}
+
+
+def _passed(oldest: datetime | str | None, cut: datetime) -> bool:
+    if oldest is None:
+        return False
+    if isinstance(oldest, str):  # min() loses the column's type on SQLite
+        oldest = datetime.fromisoformat(oldest)
+    if oldest.tzinfo is None:
+        oldest = oldest.replace(tzinfo=UTC)
+    return oldest < cut
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,11 @@ async def sweep_once(engine: AsyncEngine, retention: Retention) -> dict[str, int
     at = now()
     for (what, statement), keep in zip(_SWEEPS, retention.cutoffs(), strict=True):
         total = 0
+        if what in _OLDEST:
+            async with engine.connect() as conn:
+                if not _passed((await conn.execute(_OLDEST[what])).scalar(), at - keep):
+                    deleted[what] = 0
+                    continue
         while True:
             async with engine.begin() as conn:
                 gone = (await conn.execute(statement, {"cut": at - keep, "limit": BATCH})).rowcount

@@ -150,12 +150,40 @@ class ToolCall(Base):
     grant_id: Mapped[str | None] = mapped_column(Id, nullable=True)
 
 
+# The pending requests (migration 0015): what waits for a person, and the only rows the
+# sweeps, the per-session reads on the approval path and the gauge look at. Indexes on
+# them stay the size of the backlog's due head, not of the backlog, whatever the
+# planner's statistics say (autovacuum may be off).
+_WAITING = "status = 'pending'"
+
+
+def _pending_index(name: str, *columns: str, where: str = "") -> Index:
+    predicate = text(_WAITING + (f" AND {where}" if where else ""))
+    return Index(name, *columns, postgresql_where=predicate, sqlite_where=predicate)
+
+
 class ApprovalRequest(Base):
     __tablename__ = "approval_requests"
-    __table_args__ = (Index("ix_approval_requests_due", "status", "expires_at"),)
+    __table_args__ = (
+        Index("ix_approval_requests_due", "status", "expires_at"),
+        _pending_index("ix_approval_requests_pending_expiry", "expires_at", where="expires_at IS NOT NULL"),
+        _pending_index(
+            "ix_approval_requests_pending_escalation",
+            "escalate_at",
+            where="escalate_at IS NOT NULL AND escalated_at IS NULL",
+        ),
+        _pending_index("ix_approval_requests_pending_session", "session_id", "created_at", "id"),
+        _pending_index("ix_approval_requests_pending_tool_age", "tool", "created_at"),
+        _pending_index(
+            "ix_approval_requests_pending_tool_expiry", "tool", "expires_at", where="expires_at IS NOT NULL"
+        ),
+    )
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     call_id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), unique=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # Its call's tool, kept with it (migration 0015): the gauge and `signoff pending`'s
+    # pages read a tool's pending requests from an index, not by joining every call.
+    tool: Mapped[str | None] = mapped_column(String(256), nullable=True)
     # pending | approved | denied | expired | cancelled
     status: Mapped[str] = mapped_column(String(16), index=True)
     args_digest: Mapped[str] = mapped_column(String(100))
@@ -276,6 +304,8 @@ class ProviderAttemptRow(Base):
 
 class InboxRow(Base):
     __tablename__ = "inbox"
+    # Retention deletes by it (migration 0015).
+    __table_args__ = (Index("ix_inbox_received", "received_at"),)
     message_id: Mapped[str] = mapped_column(Id, primary_key=True)
     message_type: Mapped[str] = mapped_column(String(32))
     session_id: Mapped[str] = mapped_column(Id)
@@ -303,6 +333,20 @@ class OutboxRow(Base):
     # gateway's event stream serves rows in (txid, id) order once no transaction below
     # them is still running, which ids alone do not give (a smaller id may commit later).
     txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class PendingTally(Base):
+    """How many requests are pending per tool, as deltas: triggers on `approval_requests`
+    (migration 0015) add +1 when a request becomes pending and -1 when it stops, in the
+    transaction that changes it, so the sum is exactly what committed, crash or not, and
+    no writer waits on another's counter row. The gauge sums them and folds them into
+    one row per tool (shared/ledger/backlog.py): its cost follows the changes
+    since its last reading, never the number waiting."""
+
+    __tablename__ = "pending_tally"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    tool: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    delta: Mapped[int] = mapped_column(Integer)
 
 
 class ExecutionClaim(Base):

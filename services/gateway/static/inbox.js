@@ -35,7 +35,7 @@
   // Fetch this page again and replace the named parts, keeping focus where it was when the
   // focused element is still there.
   async function refresh(ids) {
-    const answer = await fetch(location.pathname, { credentials: "same-origin", headers: { Accept: "text/html" } });
+    const answer = await fetch(location.pathname + location.search, { credentials: "same-origin", headers: { Accept: "text/html" } });
     if (answer.redirected || !answer.ok) return null;
     const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
     const focused = document.activeElement && document.activeElement.id;
