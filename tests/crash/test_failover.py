@@ -6,12 +6,14 @@ nothing sent once its successor leads, and stops relaying (design.md, "Scale and
 failover", "One publisher leads")."""
 
 import asyncio
+import json
 import re
 import signal
 from collections import Counter
 from contextlib import asynccontextmanager
 
 import aio_pika
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -231,11 +233,21 @@ async def test_a_leader_cut_from_its_lock_stops_relaying_and_the_standby_relays_
         "each row relayed once, but the batch the deposed leader had in flight, twice")
 
 
-async def test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once(pg_deployment):
+@pytest.mark.parametrize("hooks", ["without hooks", "with a hook"])
+async def test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once(
+        pg_deployment, tmp_path, hooks):
     """The fence itself: the leader has published a batch and not yet marked it sent when its
     lock connection is cut. The new leader sends the batch again and marks it sent; the old
-    leader, let go, may not mark it (its epoch is gone), stands by, and relays nothing more."""
+    leader, let go, may not mark it (its epoch is gone), stands by, and relays nothing more.
+    Both ways of marking: without hooks one statement carries the fence; with a hook the
+    mark-sent is a transaction that takes the fence (`Leadership.fence`) beside the hook's
+    deliveries."""
     deployment = pg_deployment
+    if hooks == "with a hook":
+        path = tmp_path / "hooks.yaml"
+        path.write_text(json.dumps({"hooks": [{
+            "name": "elsewhere", "url": "http://127.0.0.1:9/hook", "events": ["approval.decided"], "secret": "s" * 40}]}))
+        deployment.extra_env["SIGNOFF_HOOKS_FILE"] = str(path)
     deployment.start("publisher", faults="publisher.after_send:hold")
     deployment.start("publisher#2")
     settings = deployment.settings
