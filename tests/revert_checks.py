@@ -122,7 +122,7 @@ MUTATIONS = [
   ("no fence: a deposed publisher still marks rows sent", "services/publisher/leadership.py",
    "        self.check((await conn.execute(_FENCE)).scalar())",
    "        return None",
-   "tests/crash/test_failover.py::test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once[with a hook]"),
+   "tests/crash/test_failover.py::test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once[with-a-hook]"),
   ("an outage spends the message's deliveries instead of pausing", "shared/consuming.py",
    "                if not is_outage(error):",
    "                if True:",
@@ -882,7 +882,7 @@ MUTATIONS = [
    '    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)"',
    '    " RETURNING 1)"',
    "tests/crash/test_failover.py::"
-   "test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once[without hooks]"),
+   "test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once[without-hooks]"),
   ("the ledger's statements on asyncpg outside a transaction (each autocommitted as it runs)",
    "services/approval_ledger/store_postgres.py",
    "            await transaction.start()\n",

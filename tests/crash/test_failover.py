@@ -233,7 +233,7 @@ async def test_a_leader_cut_from_its_lock_stops_relaying_and_the_standby_relays_
         "each row relayed once, but the batch the deposed leader had in flight, twice")
 
 
-@pytest.mark.parametrize("hooks", ["without hooks", "with a hook"])
+@pytest.mark.parametrize("hooks", ["without-hooks", "with-a-hook"])
 async def test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once(
         pg_deployment, tmp_path, hooks):
     """The fence itself: the leader has published a batch and not yet marked it sent when its
@@ -243,7 +243,7 @@ async def test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_go
     mark-sent is a transaction that takes the fence (`Leadership.fence`) beside the hook's
     deliveries."""
     deployment = pg_deployment
-    if hooks == "with a hook":
+    if hooks == "with-a-hook":
         path = tmp_path / "hooks.yaml"
         path.write_text(json.dumps({"hooks": [{
             "name": "elsewhere", "url": "http://127.0.0.1:9/hook", "events": ["approval.decided"], "secret": "s" * 40}]}))
