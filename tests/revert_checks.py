@@ -513,8 +513,8 @@ MUTATIONS = [
    "    if False:\n        return NO_SUCH_SESSION",
    "tests/unit/test_ledger_rules.py"),
   ("setup's error echoes the administrator's URL with its password", "shared/provisioning.py",
-   "    shown = without_password(settings.rabbitmq_admin_url)",
-   "    shown = settings.rabbitmq_admin_url",
+   "cannot use {service} at {without_password(url)} (",
+   "cannot use {service} at {url} (",
    "tests/integration/test_command_line.py::"
    "test_setup_that_cannot_reach_the_management_api_names_it_without_the_administrators_password"),
   ("signoff status judges the management API's sampled queue figures, seconds old", "services/status.py",
