@@ -60,7 +60,7 @@ _UNDELIVERED = (
 )
 
 
-def _utc(value: datetime | str | None) -> datetime | None:
+def as_utc(value: datetime | str | None) -> datetime | None:
     # min() over a column loses its type on SQLite: it comes back as stored text.
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
@@ -105,16 +105,16 @@ async def measure(engine: AsyncEngine) -> Backlog:
             oldest, soonest = (await conn.execute(_HEADS, {"tool": tool})).one()
             label = tool_label(tool)
             waiting, first, expiring = backlog.pending.get(label, (0, None, None))
-            oldest, soonest = _utc(oldest), _utc(soonest)
+            oldest, soonest = as_utc(oldest), as_utc(soonest)
             backlog.pending[label] = (
                 waiting + count,
                 min((t for t in (first, oldest) if t), default=None),
                 min((t for t in (expiring, soonest) if t), default=None),
             )
         count, oldest = (await conn.execute(_UNSENT)).one()
-        backlog.unsent, backlog.oldest_unsent = count, _utc(oldest)
+        backlog.unsent, backlog.oldest_unsent = count, as_utc(oldest)
         for hook, count, oldest in (await conn.execute(_UNDELIVERED)).all():
-            backlog.undelivered[hook] = (count, _utc(oldest))
+            backlog.undelivered[hook] = (count, as_utc(oldest))
         await conn.rollback()
     if changes > FOLD_AT:
         await fold(engine)

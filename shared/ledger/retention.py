@@ -17,13 +17,14 @@ PostgreSQL the ledger's role may not delete from it anyway (shared/provisioning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import BindParameter
 
+from shared.ledger.backlog import as_utc
 from shared.ledger.tables import TABLES
 from shared.messages import now
 
@@ -84,13 +85,8 @@ _OLDEST = {
 
 
 def _passed(oldest: datetime | str | None, cut: datetime) -> bool:
-    if oldest is None:
-        return False
-    if isinstance(oldest, str):  # min() loses the column's type on SQLite
-        oldest = datetime.fromisoformat(oldest)
-    if oldest.tzinfo is None:
-        oldest = oldest.replace(tzinfo=UTC)
-    return oldest < cut
+    oldest = as_utc(oldest)
+    return oldest is not None and oldest < cut
 
 
 @dataclass(frozen=True)
