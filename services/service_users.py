@@ -135,10 +135,9 @@ def _group(name: str) -> int:
 
 def sqlite_files(settings: Settings) -> list[Path]:
     """The ledger's SQLite file and the files SQLite and the publisher keep beside it, on SQLite."""
-    url = settings.ledger_url
-    if not url.startswith("sqlite"):
+    database = settings.sqlite_file
+    if database is None:
         return []
-    database = Path(url.split(":///", 1)[1])
     # With the publisher's relay lock beside it (services/publisher/leadership.py `only_relay`).
     tails = ("-wal", "-shm", ".publisher.lock")
     return [database, *(database.with_name(database.name + tail) for tail in tails)]

@@ -23,6 +23,10 @@ from faststream.rabbit import RabbitBroker
 
 from shared.amqp_hosts import failover_broker, split_hosts
 from shared.consuming import declare
+from shared.ledger import roles
+
+# Re-exported: `signoff status` names the roles (services/status.py).
+from shared.ledger.roles import DATABASE_IDENTITIES as DATABASE_IDENTITIES
 from shared.redaction import redact_text
 from shared.settings import Settings, without_password
 from shared.topology import OPERATOR, SERVICES, Topology
@@ -40,16 +44,12 @@ class SetupFailed(SystemExit):
 
 
 def _reason(error: BaseException | str, url: str) -> str:
-    """An error's first line, the driver's own for a database error (SQLAlchemy's adds the
-    statement, which may hold a role's password), without the URL's password."""
+    """An error's first line (a database's: `roles.refusal`), without the URL's password."""
     if isinstance(error, str):
         text = error
     else:
-        error = getattr(error, "orig", None) or error
-        # SQLAlchemy's adapter wraps the driver's error in a plain `Error`: name the driver's.
-        error = error.__cause__ if type(error).__name__ == "Error" and error.__cause__ else error
         text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    text = (text.split("[SQL:")[0].strip().splitlines() or [""])[0][:300]
+    text = (text.strip().splitlines() or [""])[0][:300]
     password = urlsplit(url).password
     return redact_text(text, [unquote(password)] if password else [])
 
@@ -93,7 +93,7 @@ def check_reachable(settings: Settings, timeout: float = 3.0) -> None:
     wanted = [("RabbitMQ", settings.rabbitmq_url, 5672)]
     if settings.redis_identities:
         wanted.append(("Redis", settings.redis_url, 6379))
-    if settings.is_postgres and settings.database_identities:
+    if roles.makes_roles(settings):
         wanted.append(("PostgreSQL", settings.database_url, 5432))
     for service, url, default_port in wanted:
         parts = urlsplit(url)
@@ -375,153 +375,20 @@ async def remove_redis_identities(settings: Settings) -> None:
 
 # --- PostgreSQL -----------------------------------------------------------------------
 
-# Any constant: it keeps two setups from making roles at once.
-ROLES_LOCK = 0x51600F
-DATABASE_IDENTITIES = ("approval-ledger", "publisher", "model-step", "tool-executor", "console", "gateway")
-# What each role may do beyond reading the schema's version; the ledger owns every table but the audit log's.
-GRANTS = {
-    "publisher": (
-        "SELECT, UPDATE (sent_at) ON outbox",
-        "SELECT, INSERT, UPDATE ON hook_deliveries",
-        # Its leadership epoch: taken when it leads, read (FOR SHARE) by every write it makes.
-        "SELECT, UPDATE ON publisher_leader",
-        "SELECT ON alembic_version",
-    ),
-    # The operator's console reads everything and records what it did with parked messages.
-    "console": ("INSERT ON dead_letter_actions",),
-    # A step names its transcript (claim-check); the model-step reads it, nothing else.
-    "model-step": ("SELECT ON transcript, alembic_version",),
-    "tool-executor": (
-        # The grants: a call authorized by a remembered approval runs only if its grant is live.
-        "SELECT ON tool_calls, approval_requests, decisions, grants, alembic_version",
-        "SELECT, INSERT, UPDATE ON execution_claims",
-    ),
-    # The HTTP gateway reads what the ledger committed and writes nothing (services/gateway):
-    # cards, sessions and their transcripts, the events it streams (the outbox), the
-    # verdicts on the responses it sent (the audit log, granted with the audit tables).
-    "gateway": (
-        "SELECT ON sessions, turns, steps, transcript, tool_calls, approval_requests, approvals, decisions, "
-        "closures, provider_attempts, outbox, grants, alembic_version",
-    ),
-}
-
-
-# Append-only for every service: the administrator who runs setup owns these tables,
-# the ledger may only add and read entries, the console only read; nobody but that
-# owner may UPDATE, DELETE or TRUNCATE them (docs/design.md, "The audit log").
-AUDIT_TABLES = ("audit_log", "audit_chain")
-
 
 async def provision_database(settings: Settings) -> list[str]:
-    """One PostgreSQL role per service (and one, read-only, for the console): the
-    ledger's owns its tables (not the schema, nor the audit log's) and migrates them; the publisher may only
-    mark outbox rows sent and keep its hook deliveries; the executor may only read the
-    calls and their decisions and keep its claims. Nothing but the ledger can write a
-    decision. Run as SIGNOFF_DATABASE_URL's user (an administrator); idempotent."""
-    if not (settings.is_postgres and settings.database_identities):
+    """One PostgreSQL role per service (and one, read-only, for the console), each
+    granted only what it needs (shared/ledger/roles.py says what). Run as
+    SIGNOFF_DATABASE_URL's user (an administrator); idempotent."""
+    if not roles.makes_roles(settings):
         return []
     try:
-        return await _database_roles(settings)
+        return await roles.make_roles(settings, lambda name: _password(settings.database_password_file(name))[0])
     except Exception as error:
-        raise SetupFailed("PostgreSQL", settings.database_url, error, _advice("PostgreSQL", error)) from None
-
-
-async def _database_roles(settings: Settings) -> list[str]:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from shared.ledger.database import create_engine, migrate
-
-    roles = {name: settings.database_role(name) for name in DATABASE_IDENTITIES}
-    schema = settings.database_schema or "public"
-    done = []
-    admin = create_async_engine(settings.ledger_url)
-    try:
-        async with admin.begin() as conn:
-            # Roles are the cluster's: one setup at a time.
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ROLES_LOCK})
-            for name, role in roles.items():
-                password, _ = _password(settings.keys_path / "postgres" / f"{name}.password")
-                exists = await conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role})
-                verb = "ALTER" if exists else "CREATE"
-                await conn.execute(text(f"{verb} ROLE \"{role}\" LOGIN PASSWORD '{password}'"))
-                done.append(f"database role {role} " + ("kept" if exists else "made"))
-            ledger = roles["approval-ledger"]
-            # The schema is the administrator's, not the ledger's: a schema's owner may drop
-            # any table in it, the audit log included. The ledger creates (and owns) the rest.
-            await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-            owner = await conn.scalar(
-                text("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = :s"), {"s": schema}
-            )
-            if owner == ledger:  # made by an earlier setup
-                await conn.execute(text(f'ALTER SCHEMA "{schema}" OWNER TO CURRENT_USER'))
-            await conn.execute(text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{ledger}"'))
-            # Tables migrated before roles existed become the ledger's.
-            owned = await conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema})
-            for table in [t for t in owned if t not in AUDIT_TABLES]:
-                await conn.execute(text(f'ALTER TABLE "{schema}"."{table}" OWNER TO "{ledger}"'))
-            for name in ("publisher", "model-step", "tool-executor", "console", "gateway"):
-                await conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{roles[name]}"'))
-    finally:
-        await admin.dispose()
-    engine = create_engine(settings, identity="approval-ledger", pool_size=1)
-    try:
-        await migrate(engine, settings)
-        async with engine.begin() as conn:
-            for name, grants in GRANTS.items():
-                for grant in grants:
-                    await conn.execute(text(f'GRANT {grant} TO "{roles[name]}"'))
-            console = roles["console"]
-            await conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{console}"'))
-            await conn.execute(
-                text(f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" GRANT SELECT ON TABLES TO "{console}"')
-            )
-    finally:
-        await engine.dispose()
-    done.append(f"migrated schema {schema} as {roles['approval-ledger']} and granted each role its tables")
-    done.append(await _seal_audit_tables(settings, schema, roles))
-    return done
-
-
-async def _seal_audit_tables(settings: Settings, schema: str, roles: dict[str, str]) -> str:
-    """The audit tables become the administrator's (the ledger's migration made them),
-    and the ledger keeps INSERT and SELECT alone: an owner may always grant itself
-    more, so the ledger must not own them."""
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    ledger, console, gateway = roles["approval-ledger"], roles["console"], roles["gateway"]
-    admin = create_async_engine(settings.ledger_url)
-    try:
-        async with admin.begin() as conn:
-            for table in AUDIT_TABLES:
-                qualified = f'"{schema}"."{table}"'
-                await conn.execute(text(f"ALTER TABLE {qualified} OWNER TO CURRENT_USER"))
-                await conn.execute(text(f'REVOKE ALL ON {qualified} FROM "{ledger}"'))
-                await conn.execute(text(f'GRANT SELECT, INSERT ON {qualified} TO "{ledger}"'))
-                await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{console}"'))
-                await conn.execute(text(f'GRANT SELECT ON {qualified} TO "{gateway}"'))
-            # The entries' ids come from the table's sequence, which moved with it.
-            await conn.execute(text(f'GRANT USAGE ON SEQUENCE "{schema}"."audit_log_id_seq" TO "{ledger}"'))
-    finally:
-        await admin.dispose()
-    return f"the audit log ({', '.join(AUDIT_TABLES)}): {ledger} may only INSERT and SELECT, no service may change it"
+        advice = _advice("PostgreSQL", error)
+        raise SetupFailed("PostgreSQL", settings.database_url, roles.refusal(error), advice) from None
 
 
 async def remove_database_identities(settings: Settings) -> None:
     """Drop a namespace's roles (tests clean up after themselves; the schema goes first)."""
-    if not (settings.is_postgres and settings.database_identities):
-        return
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    admin = create_async_engine(settings.ledger_url)
-    try:
-        async with admin.begin() as conn:
-            for name in DATABASE_IDENTITIES:
-                role = settings.database_role(name)
-                if await conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}):
-                    await conn.execute(text(f'DROP OWNED BY "{role}" CASCADE'))
-                    await conn.execute(text(f'DROP ROLE "{role}"'))
-    finally:
-        await admin.dispose()
+    await roles.remove_roles(settings)

@@ -56,8 +56,8 @@ def check_reachable(
 ) -> None:
     """Fail fast, naming the service, its address and how to start it."""
     targets = [("RabbitMQ", settings.rabbitmq_url, 5672), ("Redis", settings.redis_url, 6379)]
-    if settings.is_postgres:
-        targets.append(("PostgreSQL", settings.database_url or settings.ledger_url, 5432))
+    if (server := settings.database_server) is not None:  # on SQLite, a file: nothing to reach
+        targets.append(("PostgreSQL", server, 5432))
     targets = [t for t in targets if t[0] in only]
     for service, url, default_port in targets:
         # Several hosts (a RabbitMQ cluster's nodes, a PostgreSQL primary and standby): one answering is enough.

@@ -13,11 +13,15 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.ledger.urls import LedgerLogin
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 AMQP_HANDSHAKE_SECONDS = 10
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, LedgerLogin):
+    # The ledger's URL, which database it is and each service's login to it: `LedgerLogin`
+    # (shared/ledger/urls.py), where every database detail lives.
     model_config = SettingsConfigDict(env_prefix="SIGNOFF_", extra="ignore")
 
     data_dir: Path = Path("data")
@@ -129,19 +133,6 @@ class Settings(BaseSettings):
         return value
 
     @property
-    def ledger_url(self) -> str:
-        """The SQLAlchemy async URL of the ledger."""
-        url = self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"
-        for plain, driver in (
-            ("postgresql://", "postgresql+asyncpg://"),
-            ("postgres://", "postgresql+asyncpg://"),
-            ("sqlite:///", "sqlite+aiosqlite:///"),
-        ):
-            if url.startswith(plain):
-                return several_hosts(driver + url[len(plain) :])
-        return several_hosts(url)
-
-    @property
     def amqp_url(self) -> str:
         """The RabbitMQ URL with a handshake timeout: a reconnect attempt that
         meets a broker still starting gives up and retries, instead of waiting
@@ -158,23 +149,8 @@ class Settings(BaseSettings):
         """The PostgreSQL role of a service (`approval-ledger`, …) or of the `console`."""
         return f"{self.namespace}_{name}".replace("-", "_").lower()
 
-    def database_login(self, name: str) -> str:
-        """The ledger's URL as `name` logs in: its own role and the password `signoff
-        setup` made for it; SQLite, or without database identities, the URL as set."""
-        if not (self.is_postgres and self.database_identities):
-            return self.ledger_url
-        path = self.keys_path / "postgres" / f"{name}.password"
-        try:
-            password = path.read_text().strip()
-        except FileNotFoundError:
-            raise SystemExit(
-                f"signoff: no database password for role {self.database_role(name)} at {path}; run `signoff setup` "
-                "(or set SIGNOFF_DATABASE_IDENTITIES=false to log in as the user of SIGNOFF_DATABASE_URL)"
-            ) from None
-        from sqlalchemy.engine import make_url
-
-        url = make_url(self.ledger_url).set(username=self.database_role(name), password=password)
-        return url.render_as_string(hide_password=False)
+    def database_password_file(self, name: str) -> Path:
+        return self.keys_path / "postgres" / f"{name}.password"
 
     def broker_password_file(self, name: str) -> Path:
         return self.keys_path / "rabbitmq" / f"{name}.password"
@@ -225,10 +201,6 @@ class Settings(BaseSettings):
         )
         return urlunsplit((url.scheme, netloc, url.path, url.query, url.fragment))
 
-    @property
-    def is_postgres(self) -> bool:
-        return self.ledger_url.startswith("postgresql")
-
 
 def without_password(url: str) -> str:
     """The URL with its user-info's password removed (the user, host and the rest kept)."""
@@ -238,17 +210,3 @@ def without_password(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
     return urlunsplit((parts.scheme, f"{user}@{netloc}", parts.path, parts.query, parts.fragment))
-
-
-def several_hosts(url: str) -> str:
-    """A PostgreSQL URL with several hosts as libpq writes it (`postgresql://u@h1:5442,h2:5443/db?
-    target_session_attrs=read-write`: a primary and its standby) in the form SQLAlchemy's asyncpg
-    dialect reads (`…@/db?host=h1:5442&host=h2:5443&…`); asyncpg tries them in turn and, with
-    target_session_attrs=read-write, keeps only the primary, so after a promotion a new
-    connection finds the new one. One host: the URL unchanged."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if "," not in hosts:
-        return url
-    query = "&".join([f"host={host}" for host in hosts.split(",") if host] + ([parts.query] if parts.query else []))
-    return urlunsplit((parts.scheme, f"{userinfo}{at}", parts.path, query, parts.fragment))

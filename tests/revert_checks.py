@@ -288,7 +288,7 @@ MUTATIONS = [
    "        \"prev_hash\": None,",
    "tests/integration/test_audit_log.py::test_audit_verify_passes_on_a_real_run_and_names_the_entry_the_owner_changed[sqlite] "
    "tests/unit/test_audit_chain.py::test_each_entry_names_the_hash_of_its_sessions_entry_before_it_and_each_link_the_link_before"),
-  ("audit tables left to the ledger's role, which may then UPDATE and DELETE them", "shared/provisioning.py",
+  ("audit tables left to the ledger's role, which may then UPDATE and DELETE them", "shared/ledger/roles.py",
    "    done.append(await _seal_audit_tables(settings, schema, roles))\n",
    "",
    "tests/integration/test_audit_log.py::test_on_postgresql_no_service_role_may_update_or_delete_the_audit_log"),
@@ -303,7 +303,7 @@ MUTATIONS = [
    "            async with self._engine.begin() as side:\n"
    "                await side.execute(TABLES[\"audit_log\"].insert(), writes.audit)\n            writes.audit = []\n",
    "tests/crash/test_audit_log_crash.py"),
-  ("the ledger's role owns the schema, so it may drop the audit log", "shared/provisioning.py",
+  ("the ledger's role owns the schema, so it may drop the audit log", "shared/ledger/roles.py",
    "            if owner == ledger:  # made by an earlier setup\n"
    "                await conn.execute(text(f'ALTER SCHEMA \"{schema}\" OWNER TO CURRENT_USER'))",
    "            if schema != 'public':\n"
@@ -540,8 +540,8 @@ MUTATIONS = [
    "tests/integration/test_setup_failures.py::"
    "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
   ("signoff setup shows PostgreSQL's refusal as a raw traceback", "shared/provisioning.py",
-   "    except Exception as error:\n        raise SetupFailed(\"PostgreSQL\"",
-   "    except ImportError as error:\n        raise SetupFailed(\"PostgreSQL\"",
+   "    except Exception as error:\n        advice = _advice(\"PostgreSQL\"",
+   "    except ImportError as error:\n        advice = _advice(\"PostgreSQL\"",
    "tests/integration/test_setup_failures.py::"
    "test_setup_that_fails_after_making_users_removes_those_it_made_and_keeps_those_that_were_there"),
   ("signoff up does not wait for a management API that answers late (setup fails at once)", "services/supervisor.py",

@@ -1,5 +1,5 @@
 """Several brokers in one AMQP URL (shared/amqp_hosts.py) and several PostgreSQL hosts
-in one database URL (shared/settings.py:several_hosts)."""
+in one database URL (shared/ledger/urls.py:several_hosts)."""
 
 from faststream.rabbit import RabbitBroker
 
