@@ -11,7 +11,7 @@ commit and ack).
 
 The ledger runs the sweep on a timer (services/approval_ledger/retention.py).
 The audit log (`audit_log`, `audit_chain`) is never swept: it is the record, and on
-PostgreSQL the ledger's role may not delete from it anyway (shared/provisioning.py).
+PostgreSQL the ledger's role may not delete from it anyway (shared/ledger/roles.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 - `audit_log` is appended to, never changed: `(session_id, session_seq)` is unique, so a
   session's chain cannot fork, and `audit_chain.entry_id` is unique, so an entry is
   linked into the global chain once. On PostgreSQL no service's role may UPDATE or
-  DELETE either (shared/provisioning.py).
+  DELETE either (shared/ledger/roles.py).
 - `publisher_leader` has one row, whose `epoch` fences the publishers: every write a
   publisher makes commits only while the epoch is the one it took when it began to lead.
 """
