@@ -36,12 +36,11 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from shared import audit
 from shared.catalogue import ToolSpec
 from shared.ledger.pages import BadCursor
-from shared.ledger.tables import Approval, AuditEntry, Turn
+from shared.ledger.tables import Turn
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_lines, visible
 from shared.redaction import redact_text
 
@@ -246,18 +245,7 @@ def sorted_for(user, cards: list[dict[str, Any]], starters: dict[str, set[str]],
     return {"mine": mine, "others": others}
 
 
-# --- reads the pages add (the ledger's record, through the gateway's read-only connection) --
-
-
-async def approved_by(ledger, user, request_ids: list[str]) -> set[str]:
-    """Which of these requests this person has approved already (a card that needs several)."""
-    if not request_ids:
-        return set()
-    async with ledger.sessions() as db:
-        found = await db.scalars(
-            select(Approval.request_id).where(Approval.request_id.in_(request_ids), Approval.responder == user.name)
-        )
-        return set(found)
+# --- reads the pages add (the ledger's record: shared/ledger/gateway_reads.py) ------------
 
 
 async def story(ledger, session_id: str) -> list[dict[str, Any]]:
@@ -265,15 +253,7 @@ async def story(ledger, session_id: str) -> list[dict[str, Any]]:
     `story`): who started it, each model step's calls, each request, who decided what and
     when, what ran, each closure and its reason. A turn's end gets its reason's text from
     the turn's row when that text is the one the entry's digest names."""
-    async with ledger.sessions() as db:
-        entries = list(
-            await db.scalars(
-                select(AuditEntry)
-                .where(AuditEntry.session_id == session_id)
-                .order_by(AuditEntry.session_seq, AuditEntry.id)
-            )
-        )
-        turns = {t.id: t for t in await db.scalars(select(Turn).where(Turn.session_id == session_id))}
+    entries, turns = await ledger.record.audit_entries(session_id)
     told = []
     for entry in entries:
         as_dict = {
@@ -300,13 +280,6 @@ async def story(ledger, session_id: str) -> list[dict[str, Any]]:
             }
         )
     return told
-
-
-async def open_turn(ledger, session_id: str) -> Turn | None:
-    async with ledger.sessions() as db:
-        return await db.scalar(
-            select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc(), Turn.id.desc()).limit(1)
-        )
 
 
 async def until_on_record(gateway, session_id: str) -> bool:
@@ -488,7 +461,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
             cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE)
         starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
         now = datetime.now(UTC)
-        approved = await approved_by(ledger, who.user, [c["id"] for c in cards])
+        approved = await ledger.record.approved_by(who.user.name, [c["id"] for c in cards])
         split = sorted_for(who.user, [shown_card(c, now) for c in cards], starters, approved)
         notice = None
         if decided and outcome in OUTCOMES:
@@ -527,7 +500,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
         ledger = api.gateway_of(request).ledger
         shown = shown_card(card, datetime.now(UTC))
         starters = await ledger.starters(card["session_id"])
-        approved = await approved_by(ledger, who.user, [card["id"]])
+        approved = await ledger.record.approved_by(who.user.name, [card["id"]])
         split = sorted_for(who.user, [shown], {card["session_id"]: starters}, approved)
         return page(
             request,
@@ -621,7 +594,7 @@ def install_routes(app: FastAPI, api: Any) -> None:
         except Problem as problem:
             return problem_page(request, problem, who)
         ledger = api.gateway_of(request).ledger
-        turn = await open_turn(ledger, session_id)
+        turn = await ledger.record.latest_turn(session_id)
         now = datetime.now(UTC)
         return page(
             request,

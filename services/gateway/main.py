@@ -17,6 +17,7 @@ from shared import keyring
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.ledger.database import notify_channel
+from shared.ledger.gateway_reads import GatewayReads
 from shared.messages import Envelope, RespondToApproval
 from shared.observability import Health
 from shared.runtime import Unreachable, address, configure_logging
@@ -28,7 +29,7 @@ from .app import Gateway, create_app
 from .auth import RedisState, Sessions
 from .oidc import OpenIDConnect
 from .programs import LiveTokens, tokens_path
-from .reads import Ledger, read_only_engine
+from .reads import Ledger
 from .settings import GatewaySettings
 from .users import CHANNEL, LiveUsers
 from .watch import LedgerWatch
@@ -55,8 +56,8 @@ def connections(settings: GatewaySettings):
         except Exception as error:
             raise Unreachable("RabbitMQ", address(settings.rabbitmq_url), error) from None
         redis = Redis.from_url(settings.redis_login("gateway"), socket_timeout=5, socket_connect_timeout=5)
-        engine = read_only_engine(settings)
-        ledger = Ledger(engine, load_catalogue(settings.tools_file), settings.is_postgres)
+        record = GatewayReads.opened(settings)
+        ledger = Ledger(record, load_catalogue(settings.tools_file))
         watch = LedgerWatch(
             ledger, settings.gateway_poll_seconds, settings.gateway_idle_poll_seconds, notify_channel(settings)
         )
@@ -94,7 +95,7 @@ def connections(settings: GatewaySettings):
             await health.stop()
             await broker.stop()
             await redis.aclose()
-            await engine.dispose()
+            await record.close()
 
     return start
 

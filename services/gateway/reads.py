@@ -1,6 +1,6 @@
-"""What the gateway reads: the ledger's committed record, through a role that may only
-read (PostgreSQL: `<ns>_gateway`, granted SELECT alone; SQLite: the file opened
-read-only). Nothing here writes; nothing is kept between requests."""
+"""What the gateway reads and shows: the ledger's committed record, through a role that may
+only read (its reads: shared/ledger/gateway_reads.py, shared/ledger/event_stream.py),
+and who may see what of it. Nothing here writes; nothing is kept between requests."""
 
 from __future__ import annotations
 
@@ -8,72 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, func, literal_column, or_, select, text, union
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-
 from shared.catalogue import ToolCatalogue
 from shared.ledger import pages
-from shared.ledger.tables import (
-    Approval,
-    ApprovalRequest,
-    AuditEntry,
-    Grant,
-    OutboxRow,
-    ProviderAttemptRow,
-    Session,
-    TranscriptRow,
-    Turn,
-)
-from shared.messages import EVENT_TYPES, now
+from shared.ledger.event_stream import Cursor
+from shared.ledger.gateway_reads import GatewayReads
+from shared.ledger.tables import ApprovalRequest, AuditEntry, Grant
+from shared.messages import now
 from shared.redaction import redact_text, redact_value
 
-from .settings import GatewaySettings
 from .users import User
-
-# The events a caller may be streamed (the outbox also holds commands: never those).
-STREAMED = sorted(EVENT_TYPES)
-# PostgreSQL: the committed events after a cursor ($1, $2) = (txid, id), in that order,
-# only of transactions below the oldest still running (see `Ledger.events_after`).
-EVENTS_AFTER_SQL = (
-    "SELECT coalesce(txid, 0) AS txid, id, session_id, message_type, body FROM outbox"
-    " WHERE message_type = any($3::text[]) AND (coalesce(txid, 0), id) > ($1::bigint, $2::bigint)"
-    " AND coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-    " ORDER BY coalesce(txid, 0), id LIMIT $4"
-)
-
-
-def read_only_engine(settings: GatewaySettings) -> AsyncEngine:
-    """PostgreSQL: the gateway's own role (SELECT only), each transaction read-only too.
-    SQLite: the ledger's file opened read-only (mode=ro): this process cannot write it."""
-    if settings.is_postgres:
-        server_settings = {"default_transaction_read_only": "on"}
-        if settings.database_schema:
-            server_settings["search_path"] = settings.database_schema
-        return create_async_engine(
-            settings.database_login("gateway"),
-            pool_size=5,
-            max_overflow=0,
-            # Each read is one statement in a transaction of its own (still read-only, by the
-            # setting above): no BEGIN and ROLLBACK round trips around it (make bench, the
-            # gateway level). The stream's horizon and its rows are one statement, one snapshot.
-            isolation_level="AUTOCOMMIT",
-            connect_args={"server_settings": server_settings},
-        )
-    path = (settings.data_dir / "ledger.db").resolve()
-    if settings.database_url:
-        path = type(path)(settings.ledger_url.split("///", 1)[1])
-    engine = create_async_engine(
-        f"sqlite+aiosqlite:///file:{path}?mode=ro&uri=true", pool_size=2, max_overflow=0, connect_args={"timeout": 30}
-    )
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _pragmas(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.execute("PRAGMA query_only=ON")
-        cursor.close()
-
-    return engine
 
 
 @dataclass(frozen=True)
@@ -102,25 +45,20 @@ def may_approve(catalogue: ToolCatalogue, user: User, tool: str, escalated: bool
 
 
 class Ledger:
-    def __init__(self, engine: AsyncEngine, catalogue: ToolCatalogue, postgres: bool) -> None:
-        self.engine = engine
-        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+    """The ledger as the gateway shows it: the reads (`GatewayReads`), and who may see what."""
+
+    def __init__(self, record: GatewayReads, catalogue: ToolCatalogue) -> None:
+        self.record = record
         self.catalogue = catalogue
-        self.postgres = postgres
 
     async def reachable(self) -> bool:
-        async with self.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-        return True
+        return await self.record.reachable()
 
     # --- who may see what -------------------------------------------------------
 
     async def starters(self, session_id: str) -> set[str]:
         """Who started the session or any of its turns."""
-        async with self.sessions() as db:
-            first = await db.scalar(select(Session.started_by).where(Session.id == session_id))
-            turns = await db.scalars(select(Turn.started_by).where(Turn.session_id == session_id))
-            return {s for s in (first, *turns) if s}
+        return await self.record.starters(session_id)
 
     async def may_see_session(self, user: User, session_id: str) -> bool:
         return user.operator or user.name in await self.starters(session_id)
@@ -134,8 +72,7 @@ class Ledger:
     # --- requests ---------------------------------------------------------------
 
     async def request(self, request_id: str) -> ApprovalRequest | None:
-        async with self.sessions() as db:
-            return await db.get(ApprovalRequest, request_id)
+        return await self.record.request(request_id)
 
     async def requests(
         self,
@@ -147,35 +84,13 @@ class Ledger:
         after: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of the cards `user` may see, in (created_at, id) order, and the cursor of
-        the next page (None: the last). Who may see what is a WHERE clause here (the
-        same rule as `may_see_request`, which still checks each card), so a page reads
-        `limit` + 1 rows, never the whole backlog (issue 25). `after`: a cursor given
-        with an earlier page (`pages.BadCursor` if it is not one)."""
-        conditions = []
-        if status:
-            conditions.append(ApprovalRequest.status == status)
-        if session_id:
-            conditions.append(ApprovalRequest.session_id == session_id)
-        if tool:
-            conditions.append(ApprovalRequest.tool == tool)
-        if after:
-            conditions.append(pages.after(after))
-        if not user.operator:
-            started = union(
-                select(Session.id).where(Session.started_by == user.name),
-                select(Turn.session_id).where(Turn.started_by == user.name),
-            )
-            conditions.append(
-                or_(pages.may_approve_condition(self.catalogue, user.name), ApprovalRequest.session_id.in_(started))
-            )
-        query = (
-            select(ApprovalRequest)
-            .where(*conditions)
-            .order_by(ApprovalRequest.created_at, ApprovalRequest.id)
-            .limit(limit + 1)
-        )
-        async with self.sessions() as db:
-            found = list(await db.scalars(query))
+        the next page (None: the last). Who may see what is a WHERE clause of the read
+        (`GatewayReads.requests_page`: the same rule as `may_see_request`, which still
+        checks each card), so a page reads `limit` + 1 rows, never the whole backlog
+        (issue 25). `after`: a cursor given with an earlier page (`pages.BadCursor` if it
+        is not one)."""
+        viewer = None if user.operator else user.name
+        found = await self.record.requests_page(self.catalogue, viewer, status, tool, session_id, limit, after)
         shown = []
         for request in found[:limit]:
             if await self.may_see_request(user, request):
@@ -188,10 +103,7 @@ class Ledger:
         the digest to approve, who may approve and how many of them have."""
         card = request.card
         rule = policy(self.catalogue, card.get("tool", ""), _escalated(request))
-        async with self.sessions() as db:
-            approvals = await db.scalar(
-                select(func.count()).select_from(Approval).where(Approval.request_id == request.id)
-            )
+        approvals = await self.record.approvals(request.id)
         return {
             "id": request.id,
             "session_id": request.session_id,
@@ -207,7 +119,7 @@ class Ledger:
             "created_at": request.created_at,
             "expires_at": request.expires_at,
             "approvers": None if rule.approvers is None else sorted(rule.approvers),
-            "approvals": int(approvals or 0),
+            "approvals": approvals,
             # What the tool's rule decided for these arguments when the request was made
             # (requests made before rules: the tool's count), and why.
             "approvals_required": rule.approvals_required
@@ -230,43 +142,18 @@ class Ledger:
 
     async def grants(self, session_id: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
         """Grants as listed: a session's (or every session's, newest last), live or not."""
-        query = select(Grant).order_by(Grant.granted_at, Grant.id).limit(limit)
-        if session_id is not None:
-            query = query.where(Grant.session_id == session_id)
-        async with self.sessions() as db:
-            return [shown_grant(grant) for grant in await db.scalars(query)]
+        return [shown_grant(grant) for grant in await self.record.grants(session_id, limit)]
 
     async def grant(self, grant_id: str) -> Grant | None:
-        async with self.sessions() as db:
-            return await db.get(Grant, grant_id)
+        return await self.record.grant(grant_id)
 
     # --- sessions ---------------------------------------------------------------
 
     async def session(self, session_id: str) -> dict[str, Any] | None:
-        async with self.sessions() as db:
-            session = await db.get(Session, session_id)
-            if session is None:
-                return None
-            rows = await db.scalars(
-                select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
-            )
-            transcript = [_shown_entry(row.entry) for row in rows]
-            pending = list(
-                await db.scalars(
-                    select(ApprovalRequest)
-                    .where(ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending")
-                    .order_by(ApprovalRequest.created_at)
-                )
-            )
-            usage = (
-                await db.execute(
-                    select(
-                        func.coalesce(func.sum(ProviderAttemptRow.input_tokens), 0),
-                        func.coalesce(func.sum(ProviderAttemptRow.output_tokens), 0),
-                        func.count(),
-                    ).where(ProviderAttemptRow.session_id == session_id)
-                )
-            ).one()
+        found = await self.record.session(session_id)
+        if found is None:
+            return None
+        session = found.session
         return {
             "id": session.id,
             "status": session.status,
@@ -274,10 +161,14 @@ class Ledger:
             "started_by": session.started_by,
             "created_at": session.created_at,
             "updated_at": session.updated_at,
-            "transcript": transcript,
-            "pending_requests": [await self.card(r) for r in pending],
+            "transcript": [_shown_entry(entry) for entry in found.transcript],
+            "pending_requests": [await self.card(r) for r in found.pending],
             "grants": await self.grants(session_id),
-            "usage": {"input_tokens": int(usage[0]), "output_tokens": int(usage[1]), "provider_attempts": usage[2]},
+            "usage": {
+                "input_tokens": found.input_tokens,
+                "output_tokens": found.output_tokens,
+                "provider_attempts": found.provider_attempts,
+            },
         }
 
     # --- verdicts -----------------------------------------------------------------
@@ -285,73 +176,24 @@ class Ledger:
     async def verdict(self, session_id: str, message_id: str) -> AuditEntry | None:
         """The ledger's verdict on the response a message carried: its audit entry
         (`response.accepted` or `response.rejected`), once committed."""
-        async with self.sessions() as db:
-            return await db.scalar(
-                select(AuditEntry).where(
-                    AuditEntry.session_id == session_id,
-                    AuditEntry.message_id == message_id,
-                    AuditEntry.kind.in_(("response.accepted", "response.rejected")),
-                )
-            )
+        return await self.record.verdict(session_id, message_id)
 
     async def verdicts(self, waiting: Sequence[tuple[str, str]]) -> Sequence[AuditEntry]:
         """The verdicts committed so far on any of these (session id, message id): one
         query for every decision a gateway process is waiting on (watch.py)."""
-        query = select(AuditEntry).where(
-            AuditEntry.session_id.in_({s for s, _ in waiting}),
-            AuditEntry.message_id.in_({m for _, m in waiting}),
-            AuditEntry.kind.in_(("response.accepted", "response.rejected")),
-        )
-        async with self.sessions() as db:
-            return list(await db.scalars(query))
+        return await self.record.verdicts(waiting)
 
     # --- events -------------------------------------------------------------------
 
-    async def newest_event(self) -> tuple[int, int]:
-        """The cursor of "now": the newest outbox row (any type) below the horizon (see
-        `events_after`): every row after it that will ever be committed sorts after it."""
-        if self.postgres:
-            query = text(
-                "SELECT coalesce(txid, 0) AS txid, id FROM outbox"
-                " WHERE coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-                " ORDER BY coalesce(txid, 0) DESC, id DESC LIMIT 1"
-            )
-        else:
-            query = text("SELECT 0 AS txid, id FROM outbox ORDER BY id DESC LIMIT 1")
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(query)).first()
-        return (int(row.txid), int(row.id)) if row else (0, 0)
+    async def newest_event(self) -> Cursor:
+        """The cursor of "now": the newest event every transaction before it has ended
+        (shared/ledger/event_stream.py, the horizon)."""
+        return await self.record.newest_event()
 
-    async def events_after(self, cursor: tuple[int, int], limit: int = 200) -> Sequence[Any]:
-        """The next committed events after `cursor` = (txid, id), in that order.
-
-        PostgreSQL: outbox ids come from a sequence, taken when a row is written, not
-        when its transaction commits, so a row with a smaller id can become visible
-        after a larger one has been served; `id > last` would then skip it for good.
-        Each row carries its transaction's id (migration 0012), and only rows of
-        transactions below the oldest still running (`pg_snapshot_xmin`) are served:
-        every transaction there has ended, so no row can later appear before the
-        cursor. SQLite has one writer at a time, whose ids are handed out and committed
-        in one order: (0, id)."""
-        if self.postgres:
-            # Plain SQL on the driver (asyncpg prepares it once): the watcher runs it on
-            # its own connection too (watch.py), so both read exactly these rows.
-            async with self.engine.connect() as conn:
-                raw: Any = (await conn.get_raw_connection()).driver_connection
-                return await raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit)
-        query: Any = (
-            select(
-                literal_column("0").label("txid"),
-                OutboxRow.id,
-                OutboxRow.session_id,
-                OutboxRow.message_type,
-                OutboxRow.body,
-            )
-            .where(OutboxRow.message_type.in_(STREAMED), OutboxRow.id > cursor[1])
-            .order_by(OutboxRow.id)
-        )
-        async with self.engine.connect() as conn:
-            return (await conn.execute(query.limit(limit))).all()
+    async def events_after(self, cursor: Cursor, limit: int = 200) -> Sequence[Any]:
+        """The next committed events after `cursor` = (txid, id), in that order
+        (shared/ledger/event_stream.py: why this order, and the horizon)."""
+        return await self.record.events_after(cursor, limit)
 
 
 def shown_grant(grant: Grant) -> dict[str, Any]:

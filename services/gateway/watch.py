@@ -33,39 +33,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reads import EVENTS_AFTER_SQL, STREAMED, Ledger
+from shared.ledger.event_stream import CommitFeed, Cursor
+
+from .reads import Ledger
 
 log = logging.getLogger("signoff.gateway")
 
-Cursor = tuple[int, int]
 # The shortest time between two reads: notifies that come closer together share one read.
 GAP = 0.05
 # How many recent rows the tail keeps for streams that are behind it.
 KEPT = 5000
 # How long after the last row or notify it polls at the short interval.
 WARM_SECONDS = 2.0
-VERDICTS = ("response.accepted", "response.rejected")
-
-# PostgreSQL: the watcher's reads as plain statements on its own LISTEN connection
-# (asyncpg prepares each once), not through SQLAlchemy: compiling, caching and row
-# processing were much of each read's CPU (make bench, the gateway level's profile).
-# The tail's is `Ledger.events_after`'s own statement; the verdicts' as `Ledger.verdicts`.
-VERDICT_SQL = (
-    "SELECT session_id, message_id, kind, subject, actor, detail FROM audit_log"
-    " WHERE session_id = any($1::text[]) AND message_id = any($2::text[]) AND kind = any($3::text[])"
-)
-
-
-@dataclass(frozen=True)
-class VerdictRow:
-    """An audit entry of a verdict as `answer` in app.py reads it."""
-
-    session_id: str
-    message_id: str | None
-    kind: str
-    subject: str | None
-    actor: str | None
-    detail: dict[str, Any]
 
 
 @dataclass
@@ -117,8 +96,8 @@ class LedgerWatch:
         self._changed = asyncio.Event()
         self._last_activity = 0.0
         self._tasks: list[asyncio.Task] = []
-        # The LISTEN connection (asyncpg), which also runs the reads while it is there.
-        self._raw: Any = None
+        # The LISTEN connection, which also runs the reads while it is there.
+        self._feed: CommitFeed | None = None
 
     # --- life ---------------------------------------------------------------------
 
@@ -254,50 +233,32 @@ class LedgerWatch:
                     future.set_result(entry)
 
     async def _events_after(self, cursor: Cursor) -> list[Row]:
-        raw = self._raw
-        if raw is None:
-            found = await self.ledger.events_after(cursor)
-        else:
-            found = await raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, 200)
+        feed = self._feed
+        found = await (self.ledger.events_after(cursor) if feed is None else feed.events_after(cursor, 200))
         return [Row(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in found]
 
     async def _verdicts(self, waiting: list[tuple[str, str]]) -> Any:
-        raw = self._raw
-        if raw is None:
+        feed = self._feed
+        if feed is None:
             return await self.ledger.verdicts(waiting)
-        rows = await raw.fetch(VERDICT_SQL, list({s for s, _ in waiting}), list({m for _, m in waiting}), VERDICTS)
-        return [
-            VerdictRow(
-                r["session_id"],
-                r["message_id"],
-                r["kind"],
-                r["subject"],
-                r["actor"],
-                json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"],
-            )
-            for r in rows
-        ]
+        return await feed.verdicts(waiting)
 
     # --- NOTIFY -------------------------------------------------------------------------
 
     async def _listen(self) -> None:
         """Hold one connection LISTENing on the ledger's outbox channel; again after it drops."""
+        channel = self.listen_channel
+        assert channel is not None  # started only with a channel (PostgreSQL)
         delay = 0.5
         while True:
             try:
-                async with self.ledger.engine.connect() as conn:
-                    raw: Any = (await conn.get_raw_connection()).driver_connection
-                    ended = asyncio.Event()
-                    raw.add_termination_listener(lambda _c, ended=ended: ended.set())
-                    await raw.add_listener(self.listen_channel, self._notified)
+                async with self.ledger.record.commit_feed(channel, self._notified) as feed:
                     self.listening, delay = True, 0.5
-                    self._raw = raw
+                    self._feed = feed
                     try:
-                        await ended.wait()
+                        await feed.ended()
                     finally:
-                        self.listening, self._raw = False, None
-                        with contextlib.suppress(Exception):
-                            await raw.remove_listener(self.listen_channel, self._notified)
+                        self.listening, self._feed = False, None
             except asyncio.CancelledError:
                 raise
             except Exception as error:

@@ -300,7 +300,7 @@ async def read_events(client: GatewayClient, seen: list, last_event_id: str | No
 async def committed_event_ids(deployment) -> list[str]:
     """Every event in the ledger's record, in the order the stream serves them: (txid, id)."""
     from shared.ledger.tables import OutboxRow
-    from services.gateway.reads import STREAMED
+    from shared.ledger.event_stream import STREAMED
 
     found = [r for r in await rows(deployment, OutboxRow) if r.message_type in STREAMED]
     if deployment.store == "postgres":
@@ -465,6 +465,9 @@ async def test_on_postgresql_an_event_committed_late_with_a_smaller_id_is_neithe
 
     deployment = pg_deployment
     add_people(deployment)
+    # The rows below are written without a NOTIFY: the watcher reads them at its idle
+    # poll, which must come round several times in the two seconds the test waits.
+    deployment.extra_env["SIGNOFF_GATEWAY_IDLE_POLL_SECONDS"] = "0.1"
     deployment.start("approval-ledger")
     deployment.start("gateway")
     admin = create_async_engine(Settings(database_url=POSTGRES_URL).ledger_url,
@@ -503,7 +506,7 @@ async def test_the_gateway_reads_the_ledger_through_a_connection_that_cannot_wri
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
-    from services.gateway.reads import read_only_engine
+    from shared.ledger.gateway_reads import read_only_engine
     from services.gateway.settings import GatewaySettings
 
     deployment.start("approval-ledger")

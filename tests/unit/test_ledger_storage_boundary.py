@@ -117,10 +117,6 @@ DATABASE_PLACES = ("shared/ledger/",) + tuple(f"services/approval_ledger/{name}"
 # logins) do; then leave this list, which only shrinks.
 NOT_YET_MOVED = {
     "services/console.py",
-    "services/gateway/inbox.py",
-    "services/gateway/main.py",
-    "services/gateway/reads.py",
-    "services/gateway/watch.py",
     "services/publisher/hooks.py",
     "services/publisher/leadership.py",
     "services/publisher/main.py",
