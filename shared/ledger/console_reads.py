@@ -11,7 +11,7 @@ console keeps how each is printed and what its arguments mean."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 
@@ -32,6 +32,7 @@ from shared.ledger.tables import (
 from shared.settings import Settings
 
 AUDIT, AUDIT_CHAIN, AUDIT_HEAD = TABLES["audit_log"], TABLES["audit_chain"], TABLES["audit_head"]
+Row = TypeVar("Row", ApprovalRequest, Turn, Grant, Closure)
 
 
 @dataclass
@@ -66,20 +67,20 @@ class ConsoleLedger:
         await self.engine.dispose()
 
     async def request(self, request_id: str) -> ApprovalRequest | None:
-        async with self.sessions() as db:
-            return await db.get(ApprovalRequest, request_id)
+        return await self._row(ApprovalRequest, request_id)
 
     async def turn(self, turn_id: str) -> Turn | None:
-        async with self.sessions() as db:
-            return await db.get(Turn, turn_id)
+        return await self._row(Turn, turn_id)
 
     async def grant(self, grant_id: str) -> Grant | None:
-        async with self.sessions() as db:
-            return await db.get(Grant, grant_id)
+        return await self._row(Grant, grant_id)
 
     async def closure(self, call_id: str) -> Closure | None:
+        return await self._row(Closure, call_id)
+
+    async def _row(self, kind: type[Row], key: str) -> Row | None:
         async with self.sessions() as db:
-            return await db.get(Closure, call_id)
+            return await db.get(kind, key)
 
     async def audit_entry_of(self, session_id: str, message_id: str) -> AuditEntry | None:
         """The audit entry the ledger wrote for this very command (its verdict), if any yet."""
