@@ -20,7 +20,6 @@ from typing import Any, Literal
 import aio_pika
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from faststream.rabbit import RabbitBroker
-from sqlalchemy import func, select
 
 from services.approval_ledger.domain import speaks_for
 from services.gateway import users as gateway_users
@@ -32,20 +31,10 @@ from shared.catalogue import load_catalogue
 from shared.consuming import publish
 from shared.dead_letters import ParkedMessage, proven_sender
 from shared.dead_letters import describe as describe_parked
-from shared.ledger.database import create_engine, migrate, sessionmaker
-from shared.ledger.pages import may_approve_condition
-from shared.ledger.tables import (
-    TABLES,
-    ApprovalRequest,
-    AuditEntry,
-    Closure,
-    DeadLetterAction,
-    Grant,
-    ProviderAttemptRow,
-    Session,
-    TranscriptRow,
-    Turn,
-)
+from shared.ledger import dead_letter_actions
+from shared.ledger.console_reads import ConsoleLedger, chained_by_txid, read_audit
+from shared.ledger.database import create_engine, migrate
+from shared.ledger.tables import ApprovalRequest, Grant, Turn
 from shared.messages import EVENT, CancelTurn, Envelope, RespondToApproval, RevokeGrant, StartTurn, mint, now
 from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_inline, json_lines, visible
 from shared.provisioning import provision_broker, provision_database, provision_redis
@@ -66,8 +55,8 @@ class Console:
         self.settings = settings
         self.identity = identity or f"channel.{settings.channel}"
         self.topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
-        self.engine = create_engine(settings, identity="console", pool_size=2)
-        self.sessions = sessionmaker(self.engine)
+        # What it reads of the ledger, and the dead-letter actions it records, as the console's role.
+        self.ledger = ConsoleLedger(settings)
         self._channel_key: Ed25519PrivateKey | None = None
         # Set on entering: a console is used inside `async with`.
         self.connection: aio_pika.abc.AbstractRobustConnection
@@ -89,7 +78,7 @@ class Console:
         if hasattr(self, "channel"):
             await self.connection.close()
             await self.broker.stop()
-        await self.engine.dispose()
+        await self.ledger.close()
 
     async def send(self, message: Envelope) -> None:
         await publish(self.broker, self.topology, message, user_id=self.user)
@@ -102,8 +91,7 @@ class Console:
         return queue
 
     async def request(self, request_id: str) -> ApprovalRequest | None:
-        async with self.sessions() as db:
-            return await db.get(ApprovalRequest, request_id)
+        return await self.ledger.request(request_id)
 
     async def respond(
         self, request_id: str, decision: Literal["approve", "deny"], reason: str, message: str, responder: str
@@ -365,67 +353,40 @@ async def start_session(
 
 
 async def show_session(settings: Settings, session_id: str) -> int:
-    engine = create_engine(settings, identity="console", pool_size=2)
-    try:
-        async with sessionmaker(engine)() as db:
-            session = await db.get(Session, session_id)
-            if session is None:
-                print(f"signoff: no session {session_id}", file=sys.stderr)
-                return 1
-            print(f"session {visible(session.id, FIELD_CHARS)}: {session.status}")
-            last = await db.scalar(
-                select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc()).limit(1)
-            )
-            print(f"  {turn_outcome(last)}")
-            for row in await db.scalars(
-                select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
-            ):
-                entry = row.entry
-                # The transcript's text is the model's, a tool's and a person's: shown, never obeyed.
-                calls = "".join(
-                    f"\n      → {visible(c['name'], FIELD_CHARS)}({json_inline(redact_value(c['arguments']))})"
-                    f" [{visible(c['call_id'], FIELD_CHARS)}]"
-                    for c in entry.get("tool_calls", [])
-                )
-                closure = (
-                    f" [{visible(entry['closure'], FIELD_CHARS)} for {visible(entry['call_id'], FIELD_CHARS)}]"
-                    if entry.get("closure")
-                    else ""
-                )
-                text = visible(redact_text(str(entry.get("text", ""))), TEXT_CHARS)
-                role = visible(entry.get("role", ""), FIELD_CHARS)
-                print(f"  {row.position:3d} {role:9s}{closure} {text}{calls}")
-            pending = (
-                await db.scalars(
-                    select(ApprovalRequest).where(
-                        ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending"
-                    )
-                )
-            ).all()
-            for request in pending:
-                print_request(request)
-            # Escalations of requests no longer waiting: who was asked, and when.
-            for request in await db.scalars(
-                select(ApprovalRequest)
-                .where(
-                    ApprovalRequest.session_id == session_id,
-                    ApprovalRequest.status != "pending",
-                    ApprovalRequest.escalated_at.is_not(None),
-                )
-                .order_by(ApprovalRequest.created_at)
-            ):
-                assert request.escalated_at is not None
-                print(
-                    f"  request {visible(request.id, FIELD_CHARS)} ({visible(request.status, FIELD_CHARS)}) was "
-                    f"escalated {escalation_line(request.escalated_at, request.escalated_to)}"
-                )
-            attempts = (
-                await db.scalars(select(ProviderAttemptRow).where(ProviderAttemptRow.session_id == session_id))
-            ).all()
-            tokens = sum(a.input_tokens + a.output_tokens for a in attempts)
-            print(f"  provider attempts: {len(attempts)}, tokens: {tokens}")
-    finally:
-        await engine.dispose()
+    async with ConsoleLedger(settings) as ledger:
+        found = await ledger.session_on_record(session_id)
+    if found is None:
+        print(f"signoff: no session {session_id}", file=sys.stderr)
+        return 1
+    print(f"session {visible(found.session.id, FIELD_CHARS)}: {found.session.status}")
+    print(f"  {turn_outcome(found.last_turn)}")
+    for row in found.transcript:
+        entry = row.entry
+        # The transcript's text is the model's, a tool's and a person's: shown, never obeyed.
+        calls = "".join(
+            f"\n      → {visible(c['name'], FIELD_CHARS)}({json_inline(redact_value(c['arguments']))})"
+            f" [{visible(c['call_id'], FIELD_CHARS)}]"
+            for c in entry.get("tool_calls", [])
+        )
+        closure = (
+            f" [{visible(entry['closure'], FIELD_CHARS)} for {visible(entry['call_id'], FIELD_CHARS)}]"
+            if entry.get("closure")
+            else ""
+        )
+        text = visible(redact_text(str(entry.get("text", ""))), TEXT_CHARS)
+        role = visible(entry.get("role", ""), FIELD_CHARS)
+        print(f"  {row.position:3d} {role:9s}{closure} {text}{calls}")
+    for request in found.pending:
+        print_request(request)
+    # Escalations of requests no longer waiting: who was asked, and when.
+    for request in found.escalated_before:
+        assert request.escalated_at is not None
+        print(
+            f"  request {visible(request.id, FIELD_CHARS)} ({visible(request.status, FIELD_CHARS)}) was "
+            f"escalated {escalation_line(request.escalated_at, request.escalated_to)}"
+        )
+    tokens = sum(a.input_tokens + a.output_tokens for a in found.attempts)
+    print(f"  provider attempts: {len(found.attempts)}, tokens: {tokens}")
     return 0
 
 
@@ -450,38 +411,26 @@ async def list_pending(
     if page < 1 or page_size < 1:
         print("signoff: --page and --page-size count from 1", file=sys.stderr)
         return 2
-    conditions = [ApprovalRequest.status == "pending"]
-    if session_id:
-        conditions.append(ApprovalRequest.session_id == session_id)
-    if tool:
-        conditions.append(ApprovalRequest.tool == tool)
-    if approver:
-        conditions.append(may_approve_condition(load_catalogue(settings.tools_file), approver))
-    engine = create_engine(settings, identity="console", pool_size=2)
-    try:
-        async with sessionmaker(engine)() as db:
-            total = await db.scalar(select(func.count()).select_from(ApprovalRequest).where(*conditions)) or 0
-            query = (
-                select(ApprovalRequest)
-                .where(*conditions)
-                .order_by(ApprovalRequest.expires_at.nulls_last(), ApprovalRequest.created_at, ApprovalRequest.id)
-            )
-            skipped = 0 if every else (page - 1) * page_size
-            if not every:
-                query = query.offset(skipped).limit(page_size)
-            requests = (await db.scalars(query)).all()
-            if not total:
-                print("no pending approval requests")
-            elif not requests:
-                print(f"no page {page}: {total} pending, {page_size} a page")
-            for request in requests:
-                print(f"session {visible(request.session_id, FIELD_CHARS)}")
-                print_request(request)
-            more = total - skipped - len(requests)
-            if requests and more > 0:
-                print(f"{more} more; --all or --page {page + 1}")
-    finally:
-        await engine.dispose()
+    approvable_by = (load_catalogue(settings.tools_file), approver) if approver else None
+    skipped = 0 if every else (page - 1) * page_size
+    async with ConsoleLedger(settings) as ledger:
+        total, requests = await ledger.pending(
+            session_id=session_id,
+            tool=tool,
+            approver=approvable_by,
+            skip=skipped,
+            limit=None if every else page_size,
+        )
+    if not total:
+        print("no pending approval requests")
+    elif not requests:
+        print(f"no page {page}: {total} pending, {page_size} a page")
+    for request in requests:
+        print(f"session {visible(request.session_id, FIELD_CHARS)}")
+        print_request(request)
+    more = total - skipped - len(requests)
+    if requests and more > 0:
+        print(f"{more} more; --all or --page {page + 1}")
     return 0
 
 
@@ -526,8 +475,7 @@ async def cancel(settings: Settings, target: str, reason: str, by: str) -> int:
         turn_id = target if target.startswith("trn_") else None
         session_id = target
         if turn_id is not None:
-            async with console.sessions() as db:
-                turn = await db.get(Turn, turn_id)
+            turn = await console.ledger.turn(turn_id)
             if turn is None:
                 print(f"signoff: no turn {turn_id}", file=sys.stderr)
                 return 1
@@ -576,20 +524,13 @@ def grant_line(grant: Grant, at: datetime) -> str:
 
 async def list_grants(settings: Settings, session_id: str | None) -> int:
     """Every remembered approval (of one session, or all), live, expired or revoked."""
-    engine = create_engine(settings, identity="console", pool_size=2)
-    try:
-        async with sessionmaker(engine)() as db:
-            query = select(Grant).order_by(Grant.granted_at, Grant.id)
-            if session_id:
-                query = query.where(Grant.session_id == session_id)
-            grants = (await db.scalars(query)).all()
-        if not grants:
-            print("no grants")
-        at = now()
-        for grant in grants:
-            print(grant_line(grant, at))
-    finally:
-        await engine.dispose()
+    async with ConsoleLedger(settings) as ledger:
+        grants = await ledger.grants(session_id)
+    if not grants:
+        print("no grants")
+    at = now()
+    for grant in grants:
+        print(grant_line(grant, at))
     return 0
 
 
@@ -598,8 +539,7 @@ async def revoke_grant(settings: Settings, grant_id: str, reason: str, by: str) 
     verdict: the audit log's entry for this very command (revoked, or refused and why)."""
     check_may_assert(settings, by)
     async with Console(settings) as console:
-        async with console.sessions() as db:
-            grant = await db.get(Grant, grant_id)
+        grant = await console.ledger.grant(grant_id)
         if grant is None:
             print(f"signoff: no grant {grant_id}", file=sys.stderr)
             return 1
@@ -607,12 +547,7 @@ async def revoke_grant(settings: Settings, grant_id: str, reason: str, by: str) 
         await console.send(command)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            async with console.sessions() as db:
-                entry = await db.scalar(
-                    select(AuditEntry).where(
-                        AuditEntry.session_id == grant.session_id, AuditEntry.message_id == command.message_id
-                    )
-                )
+            entry = await console.ledger.audit_entry_of(grant.session_id, command.message_id)
             if entry is not None and entry.kind == "grant.revoked":
                 print(f"revoked grant {grant_id}: calls decided from now on ask a person again")
                 return 0
@@ -653,39 +588,10 @@ async def dead_letters(settings: Settings, limit: int = 100) -> int:
     return 0
 
 
-AUDIT, AUDIT_CHAIN, AUDIT_HEAD = TABLES["audit_log"], TABLES["audit_chain"], TABLES["audit_head"]
-
-
-async def read_audit(
-    settings: Settings, session_id: str | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
-    """The audit entries (of one session, or all) in id order, the global chain's links
-    up to its head, and the head. Read head first, then links up to it, then entries:
-    each read is consistent with the ones before without a snapshot, because links
-    and entries are only ever added."""
-    engine = create_engine(settings, identity="console", pool_size=2)
-    try:
-        async with engine.connect() as db:
-            found = (await db.execute(select(AUDIT_HEAD).where(AUDIT_HEAD.c.id == 1))).first()
-            head = dict(found._mapping) if found else None
-            links = select(AUDIT_CHAIN).where(AUDIT_CHAIN.c.seq <= (head["seq"] if head else 0))
-            entries = select(AUDIT).order_by(AUDIT.c.id)
-            if session_id is not None:
-                entries = entries.where(AUDIT.c.session_id == session_id)
-                links = links.where(
-                    AUDIT_CHAIN.c.entry_id.in_(select(AUDIT.c.id).where(AUDIT.c.session_id == session_id))
-                )
-            chain = [dict(r._mapping) for r in await db.execute(links.order_by(AUDIT_CHAIN.c.seq))]
-            rows = [dict(r._mapping) for r in await db.execute(entries)]
-    finally:
-        await engine.dispose()
-    return rows, chain, head
-
-
 async def audit_verify(settings: Settings) -> int:
     """Check both chains; name the first broken entry and fail if there is one."""
     entries, chain, head = await read_audit(settings)
-    verdict = audit.verify(entries, chain, head, by_txid=settings.is_postgres)
+    verdict = audit.verify(entries, chain, head, by_txid=chained_by_txid(settings))
     if verdict.broken is not None:
         print(f"signoff audit: BROKEN at {visible(verdict.broken.line())}", file=sys.stderr)
         return 1
@@ -723,13 +629,8 @@ async def audit_show(settings: Settings, session_id: str) -> int:
 
 async def read_turns(settings: Settings, session_id: str) -> list[Turn]:
     """A session's turns, oldest first: what `audit show` tells each one's end with."""
-    engine = create_engine(settings, identity="console", pool_size=2)
-    try:
-        async with sessionmaker(engine)() as db:
-            query = select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at, Turn.id)
-            return list((await db.scalars(query)).all())
-    finally:
-        await engine.dispose()
+    async with ConsoleLedger(settings) as ledger:
+        return await ledger.turns(session_id)
 
 
 async def audit_export(settings: Settings, output: str | None, session_id: str | None = None) -> int:
@@ -804,9 +705,9 @@ async def _act_on_dead_letters(
                     continue
             # A console killed after recording and before the copy left the queue: its next
             # run finishes the action on record for this very parking, and records no second.
-            recorded = await _recorded_action(console, parked, action)
+            recorded = await dead_letter_actions.action_on_record(console.ledger, parked, action)
             if recorded is None:
-                await _record_action(console, parked, action, operator, reason)
+                await dead_letter_actions.record_action(console.ledger, parked, action, operator, reason)
             await faults.reached("console.after_record", action)
             if identity is not None:
                 await _send_back(settings, stack, senders, identity, raw, parked, operator)
@@ -828,44 +729,6 @@ async def _act_on_dead_letters(
     if message_id is None:
         print(f"{acted} message(s) {action}" + (f", {refused} could not be" if refused else ""))
     return 1 if refused else 0
-
-
-async def _recorded_action(console: Console, parked: ParkedMessage, action: str) -> DeadLetterAction | None:
-    """The same action already on record for this parked copy (same message id, same
-    parking), if a console recorded it and died before the copy left the queue. A copy
-    whose parking time nobody wrote (`?`) cannot be told from another: never matched."""
-    if parked.parked_at == "?":
-        return None
-    async with console.sessions() as db:
-        query = (
-            select(DeadLetterAction)
-            .where(
-                DeadLetterAction.message_id == parked.message_id[:256],
-                DeadLetterAction.parked_at == parked.parked_at[:64],
-                DeadLetterAction.action == action,
-            )
-            .limit(1)
-        )
-        return await db.scalar(query)
-
-
-async def _record_action(console: Console, parked: ParkedMessage, action: str, operator: str, reason: str) -> None:
-    """What the operator does with a parked copy, committed before the copy leaves the queue."""
-    async with console.sessions() as db, db.begin():
-        db.add(
-            DeadLetterAction(
-                id=mint("dla"),
-                action=action,
-                message_id=parked.message_id[:256],
-                message_type=parked.message_type[:64],
-                session_id=parked.session_id[:256],
-                parked_reason=f"{parked.reason}: {parked.detail}",
-                reason=reason,
-                operator=operator,
-                acted_at=now(),
-                parked_at=parked.parked_at[:64],
-            )
-        )
 
 
 async def _send_back(
@@ -1053,8 +916,9 @@ async def _drive_demo(settings: Settings, timeout: float = 60.0) -> int:
                         elif event.type == "approval.decided":
                             say(f"decision committed: {event.decision} by {visible(event.responder, FIELD_CHARS)}")
                         elif event.type == "tool.closed":
-                            async with console.sessions() as db:
-                                closure = await db.get(Closure, event.call_id)
+                            closure = await console.ledger.closure(event.call_id)
+                            # Published from the same transaction that wrote the closure: it is there.
+                            assert closure is not None
                             if event.kind == "output":
                                 said = json_inline((closure.output or {}).get("value"))
                                 say(f"tool ran once and closed as output: {said}")

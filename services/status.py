@@ -34,8 +34,8 @@ import httpx
 from services.warm_start import SERVICES
 from shared.amqp_hosts import hosts_of, split_hosts
 from shared.catalogue import load_catalogue
-from shared.ledger.backlog import Backlog, measure
-from shared.ledger.database import create_engine
+from shared.ledger.backlog import Backlog
+from shared.ledger.status_reads import DatabaseServer, has_database_servers, measured_backlog
 from shared.messages import now
 from shared.observability import know_tools
 from shared.on_screen import FIELD_CHARS, TEXT_CHARS, visible
@@ -239,26 +239,15 @@ def database_servers(settings: Settings) -> list[tuple[str, Settings]]:
 
 
 async def _database_sessions(settings: Settings) -> tuple[dict[str, Counter[str]], dict[str, str]]:
-    """Each service's sessions by PostgreSQL server, from each server's pg_stat_activity
-    (which shows any role's sessions, without their queries, to the console's role)."""
-    from sqlalchemy import text
-
+    """Each service's sessions by PostgreSQL server, and whether each server is the
+    primary or a standby (shared/ledger/status_reads.py asks them)."""
     roles = {settings.database_role(name): name for name in DATABASE_IDENTITIES}
     sessions: dict[str, Counter[str]] = {}
     servers: dict[str, str] = {}
     for shown, one in database_servers(settings):
-        engine = create_engine(one, identity="console", pool_size=1)
+        server = DatabaseServer(one)
         try:
-            async with engine.connect() as conn:
-                standby = await asyncio.wait_for(conn.scalar(text("SELECT pg_is_in_recovery()")), 5)
-                rows = (
-                    await conn.execute(
-                        text(
-                            "SELECT usename, count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid <> pg_backend_pid() GROUP BY usename"
-                        )
-                    )
-                ).all()
+            standby, rows = await server.sessions()
             servers[shown] = "standby" if standby else "primary"
             for user, count in rows:
                 if user in roles:
@@ -266,7 +255,7 @@ async def _database_sessions(settings: Settings) -> tuple[dict[str, Counter[str]
         except (Exception, SystemExit) as error:  # a server down is what this is for: shown
             servers[shown] = f"no answer: {type(error).__name__}"
         finally:
-            await engine.dispose()
+            await server.close()
     return sessions, servers
 
 
@@ -277,7 +266,7 @@ async def placement(settings: Settings) -> Placement:
         where.broker = await _broker_nodes(settings)
     except (httpx.HTTPError, ValueError) as error:
         where.broker_error = f"{type(error).__name__}: {redact_text(str(error))}"
-    if settings.is_postgres and settings.database_identities:
+    if has_database_servers(settings) and settings.database_identities:
         where.database, where.servers = await _database_sessions(settings)
     return where
 
@@ -320,11 +309,7 @@ async def gather(settings: Settings) -> Status:
             status.unacked_error = f"{type(error).__name__}: {redact_text(str(error))}"
     try:
         know_tools([spec.name for spec in load_catalogue(settings.tools_file).tools])
-        engine = create_engine(settings, identity="console", pool_size=1)
-        try:
-            status.backlog = await asyncio.wait_for(measure(engine), 10)
-        finally:
-            await engine.dispose()
+        status.backlog = await measured_backlog(settings, within=10)
     except (Exception, SystemExit) as error:
         status.backlog_error = f"{type(error).__name__}: {error}"
     status.placement = await placement(settings)

@@ -853,7 +853,7 @@ class FuzzRun:
         left = await self.queues_left(timeout=15)
         violations += [f"{name} still holds {count} message(s)" for name, count in left.items()]
         real = set(self.real_sessions)
-        async with self.console.sessions() as db:
+        async with self.console.ledger.sessions() as db:
             sessions = set(await db.scalars(select(Session.id)))
             if sessions != real:
                 violations.append(f"sessions other than the real ones: {sorted(sessions - real)[:10]}; "

@@ -97,7 +97,7 @@ async def check_run(console, *, queue_timeout: float = 0.0, shown: dict[str, set
     verdict = Verdict()
     figures = verdict.figures
     require = verdict.require
-    async with console.sessions() as db:
+    async with console.ledger.sessions() as db:
         figures["tool_calls"] = await db.scalar(select(func.count()).select_from(ToolCall))
         figures["closures_by_kind"] = await _by(db, Closure.kind)
         figures["sessions_by_status"] = await _by(db, Session.status)

@@ -174,7 +174,7 @@ MUTATIONS = [
    "            await raw.ack()\n            acted += 1",
    "            acted += 1",
    "tests/integration/test_command_line.py::test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_and_it_is_applied_once[sqlite]"),
-  ("a parked message is dropped without its reason on record", "services/console.py",
+  ("a parked message is dropped without its reason on record", "shared/ledger/dead_letter_actions.py",
    "        db.add(\n            DeadLetterAction(",
    "        None and db.add(\n            DeadLetterAction(",
    "tests/integration/test_command_line.py::test_an_operator_drops_parked_messages_with_a_reason_that_the_ledger_keeps[sqlite]"),
@@ -556,14 +556,14 @@ MUTATIONS = [
    "test_signoff_up_whose_setup_fails_says_so_without_a_traceback"),
   ("a dead-letter action acknowledged before it is recorded (issue 20, item 10)", "services/console.py",
    "            if recorded is None:\n"
-   "                await _record_action(console, parked, action, operator, reason)\n"
+   "                await dead_letter_actions.record_action(console.ledger, parked, action, operator, reason)\n"
    "            await faults.reached(\"console.after_record\", action)\n"
    "            if identity is not None:\n"
    "                await _send_back(settings, stack, senders, identity, raw, parked, operator)\n"
    "            await raw.ack()\n",
    "            await raw.ack()\n"
    "            if recorded is None:\n"
-   "                await _record_action(console, parked, action, operator, reason)\n"
+   "                await dead_letter_actions.record_action(console.ledger, parked, action, operator, reason)\n"
    "            await faults.reached(\"console.after_record\", action)\n"
    "            if identity is not None:\n"
    "                await _send_back(settings, stack, senders, identity, raw, parked, operator)\n",
@@ -572,7 +572,7 @@ MUTATIONS = [
    "tests/crash/test_dead_letter_actions_crash.py::"
    "test_a_replay_killed_after_its_record_sends_nothing_and_a_rerun_replays_it_once[postgres]"),
   ("a rerun of a killed dead-letter action records it again", "services/console.py",
-   "            recorded = await _recorded_action(console, parked, action)\n",
+   "            recorded = await dead_letter_actions.action_on_record(console.ledger, parked, action)\n",
    "            recorded = None\n",
    "tests/crash/test_dead_letter_actions_crash.py::"
    "test_a_drop_killed_after_its_record_leaves_the_message_parked_and_a_rerun_drops_it_recorded_once[postgres]"),
@@ -915,7 +915,28 @@ MUTATIONS = [
   ("the gauge's per-tool heads as min() aggregates, planned over every entry of the tool (issue 25)", "shared/ledger/backlog.py",
    "        select(column)\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n        .order_by(column)\n        .limit(1)\n",
    "        select(func.min(column))\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n",
-   "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),
+   "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),  # Issue 22: the operator's tools read and write the ledger's rows only through their named
+  # modules under shared/ledger/ (console_reads.py, dead_letter_actions.py, status_reads.py).
+  ("a dialect check back in signoff status", "services/status.py",
+   "    if has_database_servers(settings) and settings.database_identities:\n",
+   "    if settings.is_postgres and settings.database_identities:\n",
+   "tests/unit/test_ledger_storage_boundary.py::"
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+  ("the console's audit check asks the dialect itself", "services/console.py",
+   "by_txid=chained_by_txid(settings))",
+   "by_txid=settings.is_postgres)",
+   "tests/unit/test_ledger_storage_boundary.py::"
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+  ("signoff status measures the backlog on an engine of its own", "services/status.py",
+   "from shared.ledger.backlog import Backlog\n",
+   "from shared.ledger.backlog import Backlog, measure  # noqa: F401\nfrom shared.ledger.database import create_engine  # noqa: F401\n",
+   "tests/unit/test_import_contracts.py::"
+   "test_the_operator_tools_reach_the_ledgers_rows_only_through_their_named_modules[services.status]"),
+  ("signoff status reads through the console's module", "services/status.py",
+   "from shared.ledger.backlog import Backlog\n",
+   "from shared.ledger.backlog import Backlog\nfrom shared.ledger.console_reads import ConsoleLedger  # noqa: F401\n",
+   "tests/unit/test_import_contracts.py::"
+   "test_each_crossing_between_two_services_tables_is_one_named_module_used_by_the_crossing_service"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

@@ -271,7 +271,7 @@ class Flow:
                     return
                 await asyncio.sleep(0.5)
                 try:
-                    async with self.console.sessions() as db:
+                    async with self.console.ledger.sessions() as db:
                         pending = (await db.execute(select(ApprovalRequest.id, ApprovalRequest.call_id).where(
                             ApprovalRequest.session_id == session_id, ApprovalRequest.status == "pending"))).all()
                         status = await db.scalar(select(Session.status).where(Session.id == session_id))

@@ -77,6 +77,33 @@ def test_the_operator_tools_never_reach_a_services_transitions_or_storage(graph,
     assert chains(graph, tool, internal) == []
 
 
+# What the operator's tools use of shared/ledger/ (issue 22): their own named modules of the
+# ledger's rows, and nothing that holds a query of a service or sweep. The console's reads
+# and its one write (the dead-letter actions) are shared/ledger/console_reads.py and
+# dead_letter_actions.py; `signoff migrate` migrates through database.py, as every service
+# starts; `signoff status` reads through status_reads.py, which measures the backlog.
+OPERATOR_LEDGER_MODULES = {
+    "services.cli": set(),
+    "services.console": {"shared.ledger.console_reads", "shared.ledger.dead_letter_actions",
+                         "shared.ledger.database", "shared.ledger.tables"},
+    "services.status": {"shared.ledger.status_reads", "shared.ledger.backlog"},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(OPERATOR_LEDGER_MODULES))
+def test_the_operator_tools_reach_the_ledgers_rows_only_through_their_named_modules(graph, tool):
+    used = {imported for imported in graph.find_modules_directly_imported_by(tool)
+            if imported == "shared.ledger" or imported.startswith("shared.ledger.")}
+    assert used <= OPERATOR_LEDGER_MODULES[tool], f"{tool} uses {sorted(used - OPERATOR_LEDGER_MODULES[tool])}"
+
+
+def test_the_operator_tools_are_the_modules_the_contracts_name(graph):
+    # A module that leaves, or an operator tool that comes, shows here: each contract above
+    # names real modules (a misspelt one would pass by importing nothing).
+    assert set(OPERATOR_TOOLS) == set(OPERATOR_LEDGER_MODULES) <= graph.modules
+    assert set().union(*OPERATOR_LEDGER_MODULES.values(), *OPERATOR_TOOLS.values()) <= graph.modules
+
+
 # Where one service's tables meet another's (docs/design.md, "Services and who owns what"):
 # each crossing has one named module, and only the service that crosses uses it.
 @pytest.mark.parametrize(
@@ -86,6 +113,11 @@ def test_the_operator_tools_never_reach_a_services_transitions_or_storage(graph,
         ("shared.ledger.call_on_record", {"services.tool_executor.claims"}),
         # The ledger's one write in the executor's execution_claims (a call held back).
         ("shared.ledger.held_back", {"services.approval_ledger.store", "services.approval_ledger.domain"}),
+        # The console's reads of the ledger's rows, and its one write there (an operator's
+        # replay or drop of a parked message), and what `signoff status` reads.
+        ("shared.ledger.console_reads", {"services.console"}),
+        ("shared.ledger.dead_letter_actions", {"services.console"}),
+        ("shared.ledger.status_reads", {"services.status"}),
     ),
 )
 def test_each_crossing_between_two_services_tables_is_one_named_module_used_by_the_crossing_service(
