@@ -912,6 +912,12 @@ MUTATIONS = [
    "        select(column)\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n        .order_by(column)\n        .limit(1)\n",
    "        select(func.min(column))\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n",
    "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),
+  # Issue 25, the relay's poll (docs/notes/pubsql.md): it starts at the first unsent row.
+  ("the relay's poll reads every unsent-index entry of the outbox's history (no first-unsent bound)",
+   "shared/ledger/outbox_relay.py",
+   "        OUTBOX.c.id >= select(func.min(_UNSENT_ROWS.c.id)).where(_UNSENT_ROWS.c.sent_at.is_(None)).scalar_subquery(),\n",
+   "",
+   "tests/integration/test_relay_poll.py::test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a
