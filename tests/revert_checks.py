@@ -20,7 +20,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 MUTATIONS = [
   ("hooks delivered at most once (marked delivered before the POST)", "services/publisher/hooks.py",
    "            body = delivery.body.encode()\n",
-   "            async with self.sessions() as db, db.begin():\n                await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(delivered_at=now()))\n            body = delivery.body.encode()\n",
+   "            await hook_deliveries.record_attempt(self.sessions, delivery.id, {\"delivered_at\": now()})\n            body = delivery.body.encode()\n",
    "tests/crash/test_crash_windows.py::test_a_held_hook_and_a_killed_ledger_and_publisher_keep_the_request_id_answerable"),
   ("outbox committed apart from state (publish before commit)", "services/approval_ledger/store_postgres.py",
    "    async def _apply(self, writes: Writes, notify: bool) -> None:\n",
@@ -32,11 +32,10 @@ MUTATIONS = [
    "tests/crash/test_crash_windows.py::test_a_ledger_killed_after_commit_before_ack_treats_the_redelivery_as_a_no_op tests/crash/test_crash_windows.py::test_redis_flushed_at_every_step_changes_nothing_but_speed tests/integration/test_bad_input_and_redelivery.py::test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed"),
   ("publisher marks sent before sending", "services/publisher/relay.py",
    "        # One channel, publishes started in id order",
-   "        async with self.engine.begin() as conn:\n"
-   "            await conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_([r.id for r in rows])).values(sent_at=now()))\n"
+   "        await outbox_relay.mark_sent(self.engine, [r.id for r in rows], now(), [])\n"
    "        # One channel, publishes started in id order",
    "tests/crash/test_crash_windows.py::test_a_publisher_killed_after_send_before_marking_resends_with_the_same_id_and_consumers_drop_it"),
-  ("no leader lock: every publisher relays", "services/publisher/leadership.py",
+  ("no leader lock: every publisher relays", "shared/ledger/leadership.py",
    '    if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", lock):',
    '    if False:',
    "tests/crash/test_failover.py::test_a_standby_publisher_relays_nothing_while_the_leader_lives_and_takes_over_when_it_is_killed"),
@@ -120,7 +119,7 @@ MUTATIONS = [
    "tests/integration/test_lifetimes.py::test_a_call_cancelled_before_the_executor_took_it_never_runs "
    "tests/integration/test_lifetimes.py::test_cancelling_while_an_outward_call_runs_closes_it_as_outcome_unknown_and_tells_an_operator"),
   ("no fence: a deposed publisher still marks rows sent", "services/publisher/leadership.py",
-   "        self.check((await conn.execute(_FENCE)).scalar())",
+   "        self.check(await fenced_epoch(conn))",
    "        return None",
    "tests/crash/test_failover.py::test_a_deposed_leaders_batch_in_flight_is_not_marked_sent_by_it_and_goes_out_again_once[with-a-hook]"),
   ("an outage spends the message's deliveries instead of pausing", "shared/consuming.py",
@@ -343,7 +342,7 @@ MUTATIONS = [
    "        if False:\n            for entry in resumed.entries:",
    "tests/integration/test_turn_bounds.py"),
   ("on SQLite a second publisher relays beside the first", "services/publisher/main.py",
-   "    relay_lock = None if settings.is_postgres else only_relay(settings)",
+   "    relay_lock = None if publishers_take_turns(settings) else only_relay(settings)",
    "    relay_lock = None",
    "tests/integration/test_publisher.py::test_on_sqlite_a_second_publisher_refuses_to_start_naming_the_one_that_relays"),
   ("the demo's scripted model says 'Done' after a person denied the call", "services/model_step/providers.py",
@@ -703,8 +702,8 @@ MUTATIONS = [
    "lanes=LANES if settings.is_postgres else 1",
    "tests/unit/test_ledger_storage_boundary.py"),
   ("the executor reads the ledger's tables itself, not through its one crossing", "services/tool_executor/claims.py",
-   "_CALL_ON_RECORD = CALL_ON_RECORD\n",
-   "_CALL_ON_RECORD = CALL_ON_RECORD.where(TABLES[\"tool_calls\"].c.id.isnot(None))\n",
+   "from shared.ledger.tables import ExecutionClaim\n",
+   "from shared.ledger.tables import TABLES, ExecutionClaim\n\n_CALLS = TABLES[\"tool_calls\"]\n",
    "tests/unit/test_import_contracts.py::test_the_executor_names_none_of_the_ledgers_tables_but_through_its_crossing"),
   ("a request is escalated again once escalated", "services/approval_ledger/domain.py",
    "    if request is None or request.status != \"pending\" or request.escalated:\n        return False\n    return spec",
@@ -781,8 +780,8 @@ MUTATIONS = [
    "tests/integration/test_gateway_oidc.py::"
    "test_an_oidc_login_sends_the_browser_on_to_a_page_of_this_gateway_and_never_to_another_site[sqlite-//evil.example/x]"),
   ("the executor's heartbeat queues for the pool behind the claims it guards", "services/tool_executor/claims.py",
-   "self._update_own(call_id, self.heartbeat, lease_expires_at=",
-   "self._update_own(call_id, self.engine, lease_expires_at=",
+   "self._update_own(call_id, heartbeat=True, lease_expires_at=",
+   "self._update_own(call_id, heartbeat=False, lease_expires_at=",
    "tests/integration/test_executor_heartbeat.py::test_a_claim_is_renewed_while_every_pooled_connection_is_busy"),
   # Needs the cluster rig (root; cluster_up.sh starts it and leaves it up: cluster_down.sh stops it).
   ("a RabbitMQ node cut off from its peers goes on alone (partition handling ignore)", "deploy/local/cluster_up.sh",
@@ -817,7 +816,7 @@ MUTATIONS = [
    "from shared.ledger.backlog import Backlog\n",
    "from sqlalchemy import func  # noqa: F401\n\nfrom shared.ledger.backlog import Backlog\n",
    "tests/unit/test_ledger_storage_boundary.py::"
-   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters"),
   # edits: an edit restarts the count, and the edited card is announced again.
   ("edit before approve: approvals of the version before an edit still count toward the edited one",
    "services/approval_ledger/domain.py",
@@ -881,7 +880,7 @@ MUTATIONS = [
    "tests/unit/test_ledger_grants.py::test_anyone_else_may_not_revoke_and_a_grant_is_revoked_once_in_its_own_session"),
   # Session 6 of the performance work (issue 25): the hot path's own transactions.
   ("the publisher's one-statement mark-sent without its fence (a deposed leader marks rows sent)",
-   "services/publisher/relay.py",
+   "shared/ledger/outbox_relay.py",
    '    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)"',
    '    " RETURNING 1)"',
    "tests/crash/test_failover.py::"
@@ -915,18 +914,19 @@ MUTATIONS = [
   ("the gauge's per-tool heads as min() aggregates, planned over every entry of the tool (issue 25)", "shared/ledger/backlog.py",
    "        select(column)\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n        .order_by(column)\n        .limit(1)\n",
    "        select(func.min(column))\n        .where(_waiting.c.status == \"pending\", _waiting.c.tool == bindparam(\"tool\"), column.is_not(None))\n",
-   "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),  # Issue 22: the operator's tools read and write the ledger's rows only through their named
+   "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),
+  # Issue 22: the operator's tools read and write the ledger's rows only through their named
   # modules under shared/ledger/ (console_reads.py, dead_letter_actions.py, status_reads.py).
   ("a dialect check back in signoff status", "services/status.py",
    "    if has_database_servers(settings) and settings.database_identities:\n",
    "    if settings.is_postgres and settings.database_identities:\n",
    "tests/unit/test_ledger_storage_boundary.py::"
-   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters"),
   ("the console's audit check asks the dialect itself", "services/console.py",
    "by_txid=chained_by_txid(settings))",
    "by_txid=settings.is_postgres)",
    "tests/unit/test_ledger_storage_boundary.py::"
-   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed"),
+   "test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters"),
   ("signoff status measures the backlog on an engine of its own", "services/status.py",
    "from shared.ledger.backlog import Backlog\n",
    "from shared.ledger.backlog import Backlog, measure  # noqa: F401\nfrom shared.ledger.database import create_engine  # noqa: F401\n",
@@ -937,6 +937,12 @@ MUTATIONS = [
    "from shared.ledger.backlog import Backlog\nfrom shared.ledger.console_reads import ConsoleLedger  # noqa: F401\n",
    "tests/unit/test_import_contracts.py::"
    "test_each_crossing_between_two_services_tables_is_one_named_module_used_by_the_crossing_service"),
+  # Issue 25, the relay's poll (docs/notes/pubsql.md): it starts at the first unsent row.
+  ("the relay's poll reads every unsent-index entry of the outbox's history (no first-unsent bound)",
+   "shared/ledger/outbox_relay.py",
+   "        OUTBOX.c.id >= select(func.min(_UNSENT_ROWS.c.id)).where(_UNSENT_ROWS.c.sent_at.is_(None)).scalar_subquery(),\n",
+   "",
+   "tests/integration/test_relay_poll.py::test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

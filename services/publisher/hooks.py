@@ -37,12 +37,11 @@ from pathlib import Path
 import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from shared import faults, logs
 from shared.catalogue import MissingSecret, resolve_secrets
-from shared.ledger.tables import TABLES, HookDelivery
+from shared.ledger import hook_deliveries
+from shared.ledger.tables import HookDelivery
 from shared.messages import EVENT_TYPES, now
 from shared.observability import HOOK_DELIVERIES
 from shared.redaction import redact_text, remember
@@ -146,10 +145,10 @@ def alert(reason: str, **detail: object) -> None:
     log.error("hook.gave_up %s", json.dumps({"reason": reason, **detail}, sort_keys=True, default=str))
 
 
-async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
-    """Add a delivery for every hook that wants each relayed event (inside the mark-sent transaction)."""
+def scheduled(hooks: list[Hook], rows) -> list[dict[str, object]]:
+    """A delivery for every hook that wants each relayed event (added in the mark-sent transaction)."""
     at = now()
-    deliveries = [
+    return [
         {
             "id": delivery_id(hook.name, row.message_id),
             "hook": hook.name,
@@ -164,13 +163,11 @@ async def schedule(conn: AsyncConnection, hooks: list[Hook], rows) -> None:
         for hook in hooks
         if hook.wants(row.message_type)
     ]
-    if deliveries:
-        await conn.execute(insert(TABLES["hook_deliveries"]), deliveries)
 
 
 @dataclass
 class HookDeliverer:
-    sessions: async_sessionmaker
+    sessions: hook_deliveries.Sessions
     hooks: list[Hook]
     http: httpx.AsyncClient
     # The publisher's term as the leader (PostgreSQL): every write is fenced by its epoch.
@@ -185,19 +182,9 @@ class HookDeliverer:
     async def retire_removed(self) -> None:
         """Give up the pending deliveries of hooks no longer configured (`hook_removed`):
         nobody will attempt them again, and an operator is told how many, per hook."""
-        pending = (
-            HookDelivery.delivered_at.is_(None),
-            HookDelivery.given_up_at.is_(None),
-            HookDelivery.hook.not_in([h.name for h in self.hooks]),
+        removed = await hook_deliveries.give_up_removed(
+            self.sessions, [h.name for h in self.hooks], self.leadership.fence if self.leadership is not None else None
         )
-        async with self.sessions() as db, db.begin():
-            if self.leadership is not None:
-                await self.leadership.fence(db)
-            removed = (await db.execute(select(HookDelivery.hook, func.count()).where(*pending).group_by("hook"))).all()
-            if removed:
-                await db.execute(
-                    update(HookDelivery).where(*pending).values(given_up_at=now(), given_up_reason="hook_removed")
-                )
         for hook, count in removed:
             alert("hook_removed", hook=hook, deliveries=count)
 
@@ -205,26 +192,13 @@ class HookDeliverer:
         """Start the due deliveries of each hook, oldest due first, up to its room in flight."""
         at = now()
         started = 0
-        async with self.sessions() as db:
+        async with hook_deliveries.DueDeliveries(self.sessions) as due:
             for hook in self.hooks:
                 busy = self.in_flight.setdefault(hook.name, set())
                 room = self.concurrency - len(busy)
                 if room <= 0:
                     continue
-                query = (
-                    select(HookDelivery)
-                    .where(
-                        HookDelivery.hook == hook.name,
-                        HookDelivery.delivered_at.is_(None),
-                        HookDelivery.given_up_at.is_(None),
-                        HookDelivery.next_attempt_at <= at,
-                    )
-                    .order_by(HookDelivery.next_attempt_at)
-                    .limit(room)
-                )
-                if busy:
-                    query = query.where(HookDelivery.id.not_in(busy))
-                for delivery in (await db.scalars(query)).all():
+                for delivery in await due.of(hook.name, at, room, busy):
                     busy.add(delivery.id)
                     task = asyncio.create_task(self._deliver(hook, delivery))
                     self._tasks.add(task)
@@ -271,10 +245,8 @@ class HookDeliverer:
                     "last_error": error,
                     "next_attempt_at": now() + timedelta(seconds=delay),
                 }
-            async with self.sessions() as db, db.begin():
-                if self.leadership is not None:
-                    await self.leadership.fence(db)
-                await db.execute(update(HookDelivery).where(HookDelivery.id == delivery.id).values(**values))
+            fence = self.leadership.fence if self.leadership is not None else None
+            await hook_deliveries.record_attempt(self.sessions, delivery.id, values, fence)
             outcome = "delivered" if error is None else "failed" if delay is not None else "given_up"
             HOOK_DELIVERIES.labels(hook.name, outcome).inc()
             if error is not None and delay is None:

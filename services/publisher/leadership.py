@@ -33,35 +33,25 @@ however it dies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
 import socket
-import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import select
-from sqlalchemy.engine import make_url
-
-from shared.ledger.database import notify_channel
-from shared.ledger.tables import TABLES
+from shared.ledger.leadership import (
+    fenced_epoch,
+    is_database_error,
+    relay_lock_file,
+    release_the_lead,
+    take_the_lead,
+)
 from shared.settings import Settings
 
 log = logging.getLogger("signoff.publisher")
-LEADER_LOCK = 0x5160FE
-LEADER = TABLES["publisher_leader"]
-# The one row of publisher_leader.
-LEADER_ROW = 1
-# Taken on the lock's own connection, once it holds the lock.
-_TAKE_EPOCH = "UPDATE publisher_leader SET epoch = epoch + 1, holder = $1, since = now() WHERE id = 1 RETURNING epoch"
-# Read in every write transaction of a leader: FOR SHARE, so that a successor's increment
-# (which takes the row's update lock) waits for the transaction and every later one sees it.
-_FENCE = select(LEADER.c.epoch).where(LEADER.c.id == LEADER_ROW).with_for_update(read=True)
-EPOCH = select(LEADER.c.epoch).where(LEADER.c.id == LEADER_ROW)
 
 
 class AnotherRelay(SystemExit):
@@ -76,8 +66,7 @@ class AnotherRelay(SystemExit):
 def only_relay(settings: Settings) -> IO[str]:
     """Hold the SQLite ledger's relay lock for as long as this process lives (keep the
     file open), or refuse to start. The lock's file says who holds it."""
-    ledger = Path(make_url(settings.ledger_url).database or "")
-    lock = ledger.with_name(ledger.name + ".publisher.lock")
+    lock = relay_lock_file(settings)
     held = open(lock, "a+")  # held open until the process ends: closing it would drop the lock
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,18 +86,11 @@ class LeadershipLost(Exception):
     """This publisher no longer leads: it writes nothing more and stands by again."""
 
 
-def leader_lock(settings: Settings) -> int:
-    """The advisory lock key of this ledger's relay (one per notify channel, so per schema)."""
-    channel = notify_channel(settings)
-    assert channel is not None
-    return LEADER_LOCK ^ zlib.crc32(channel.encode()) % 2**31
-
-
 @dataclass
 class Leadership:
     """One term of leadership: the lock connection and the epoch taken with it."""
 
-    connection: Any  # asyncpg.Connection
+    connection: Any  # the lock's own connection (shared/ledger/leadership.py)
     epoch: int
     wake: asyncio.Event
     # Why this term ended, once it has; then the relay stops and the publisher stands by.
@@ -137,82 +119,27 @@ class Leadership:
         only if the epoch is still this leader's; otherwise raise, and the write rolls back.
         The epoch alone decides: while it is still ours no other publisher has led since,
         so the write is safe even if our lock connection has just ended."""
-        self.check((await conn.execute(_FENCE)).scalar())
+        self.check(await fenced_epoch(conn))
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self.lost is not None:
-            self.connection.terminate()  # its socket may be dead: do not wait on it
-            return
-        with contextlib.suppress(Exception):
-            await self.connection.close(timeout=2)
-
-
-def _where(url: Any) -> dict[str, Any]:
-    """asyncpg's host and port arguments for the URL: its one host, or (a primary and its
-    standby, shared/settings.py:several_hosts) every `host=` of its query, with its
-    target_session_attrs, so after a promotion the lock is taken on the new primary."""
-    hosts = url.query.get("host")
-    if not hosts:
-        return {"host": url.host or "localhost", "port": url.port or 5432}
-    hosts = [hosts] if isinstance(hosts, str) else list(hosts)
-    where: dict[str, Any] = {
-        "host": [h.rpartition(":")[0] if ":" in h else h for h in hosts],
-        "port": [int(h.rpartition(":")[2]) if ":" in h else 5432 for h in hosts],
-    }
-    if attrs := url.query.get("target_session_attrs"):
-        where["target_session_attrs"] = attrs
-    return where
+        # A lost term's socket may be dead: do not wait on it.
+        await release_the_lead(self.connection, lost=self.lost is not None)
 
 
 async def lead(settings: Settings, wake: asyncio.Event) -> Leadership:
     """Become the leader (waiting as a standby while another leads), take the next
     epoch, then wake on every NOTIFY; the term lasts while its connection and epoch do."""
-    import asyncpg
-
-    url = make_url(settings.database_login("publisher"))
-    server_settings = {
-        # Operators (and tests) can find the lock's connection: pg_stat_activity.application_name.
-        "application_name": f"{settings.namespace} publisher {os.getpid()} leader lock"[:63],
-        # A leader whose host vanished without closing its socket frees the lock within
-        # about half a minute, not after the kernel's two hours of keepalive silence.
-        "tcp_keepalives_idle": "10",
-        "tcp_keepalives_interval": "5",
-        "tcp_keepalives_count": "3",
-    }
-    if settings.database_schema:
-        server_settings["search_path"] = settings.database_schema
-    connection = await asyncpg.connect(
-        user=url.username,
-        password=url.password,
-        database=url.database,
-        server_settings=server_settings,
-        **_where(url),
+    leadership = await take_the_lead(
+        settings,
+        f"{socket.gethostname()} pid {os.getpid()}"[:128],
+        lambda connection, epoch: Leadership(connection, epoch, wake),
+        lambda taken: taken.lose("its lock connection to PostgreSQL ended"),
+        wake.set,
     )
-    try:
-        # Hold leadership for as long as this connection lives; a killed leader's lock goes with it.
-        # A standby blocks in pg_advisory_lock and so takes over the moment the leader's
-        # connection ends (PostgreSQL sees a SIGKILLed client's socket close at once).
-        channel = notify_channel(settings)
-        assert channel is not None
-        lock = leader_lock(settings)
-        if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", lock):
-            log.info("publisher standing by: another publisher is relaying this ledger; taking over when it stops")
-            await connection.execute("SELECT pg_advisory_lock($1)", lock)
-            log.info("publisher taking over the relay")
-        # Waits for any write of a deposed leader still in flight (it holds the row FOR SHARE).
-        epoch = await connection.fetchval(_TAKE_EPOCH, f"{socket.gethostname()} pid {os.getpid()}"[:128])
-        if epoch is None:
-            raise RuntimeError("publisher_leader has no row 1: the ledger's migrations did not run to the end")
-        leadership = Leadership(connection, epoch, wake)
-        connection.add_termination_listener(lambda _: leadership.lose("its lock connection to PostgreSQL ended"))
-        await connection.add_listener(channel, lambda *_: wake.set())
-    except BaseException:
-        connection.terminate()
-        raise
-    log.info("publisher leading the relay (epoch %d)", epoch)
+    log.info("publisher leading the relay (epoch %d)", leadership.epoch)
     wake.set()  # whatever was committed while it stood by
     return leadership
 
@@ -226,8 +153,8 @@ async def lead_again(settings: Settings, wake: asyncio.Event) -> Leadership:
         except (TimeoutError, OSError) as error:
             log.warning("publisher cannot reach PostgreSQL to stand by (%r); retrying in %.1fs", error, delay)
         except Exception as error:
-            # asyncpg's own errors (the server shutting down, too many connections, …)
-            if type(error).__module__.split(".")[0] != "asyncpg":
+            # The database's own errors (the server shutting down, too many connections, …)
+            if not is_database_error(error):
                 raise
             log.warning("publisher cannot stand by (%r); retrying in %.1fs", error, delay)
         await asyncio.sleep(delay)

@@ -12,6 +12,7 @@ import httpx
 
 from shared.amqp_hosts import connect_robust
 from shared.ledger.database import create_engine, database_reachable, migrate, sessionmaker
+from shared.ledger.leadership import publishers_take_turns
 from shared.observability import PUBLISHER_LEADING
 from shared.runtime import Unreachable, address, prepare
 from shared.settings import Settings
@@ -33,7 +34,7 @@ async def run(settings: Settings) -> None:
     # First: a hook without a usable secret stops the publisher before it does anything.
     hooks = load_hooks(settings.hooks_file)
     # SQLite: exactly one publisher; a second refuses to start, naming the first.
-    relay_lock = None if settings.is_postgres else only_relay(settings)
+    relay_lock = None if publishers_take_turns(settings) else only_relay(settings)
     engine = create_engine(settings, identity="publisher", pool_size=2)
     await migrate(engine, settings)
     try:
@@ -46,7 +47,7 @@ async def run(settings: Settings) -> None:
     wake = asyncio.Event()
     PUBLISHER_LEADING.set(0)
     # Before serving: a standby says "standing by" and waits here; "ready" means leading.
-    leadership: Leadership | None = await lead(settings, wake) if settings.is_postgres else None
+    leadership: Leadership | None = await lead(settings, wake) if publishers_take_turns(settings) else None
     PUBLISHER_LEADING.set(1)
 
     async def relay() -> None:

@@ -12,66 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
-from sqlalchemy import bindparam, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared import faults
-from shared.ledger import driver
-from shared.ledger.database import STATEMENT_COUNTS
-from shared.ledger.tables import TABLES
+from shared.ledger import outbox_relay
 from shared.messages import now
 from shared.observability import MESSAGES_PUBLISHED, RELAY_BATCH
 
-from .hooks import Hook, schedule
-from .leadership import EPOCH, LEADER_ROW, Leadership, LeadershipLost
+from .hooks import Hook, scheduled
+from .leadership import Leadership, LeadershipLost
 
 log = logging.getLogger("signoff.publisher")
 
 
-OUTBOX = TABLES["outbox"]
-# Built once: the relay runs them for every batch.
-_UNSENT = (
-    select(
-        OUTBOX.c.id,
-        OUTBOX.c.message_id,
-        OUTBOX.c.message_type,
-        OUTBOX.c.exchange,
-        OUTBOX.c.routing_key,
-        OUTBOX.c.body,
-        # The leader's epoch as this read saw it, at no extra round trip: a leader already
-        # replaced publishes nothing it read after its successor took the lead.
-        EPOCH.scalar_subquery().label("epoch"),
-    )
-    .where(OUTBOX.c.sent_at.is_(None))
-    .order_by(OUTBOX.c.id)
-    .limit(bindparam("batch_size"))
-)
-_MARK_SENT = (
-    update(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).values(sent_at=bindparam("sent_at"))
-)
-# A leader's mark-sent when no hook wants deliveries written beside it: the fence
-# (`Leadership.fence`: the epoch read FOR SHARE) and the UPDATE in one statement, which
-# asyncpg autocommits: one round trip instead of SQLAlchemy's BEGIN, SELECT, UPDATE and
-# COMMIT. The rows are marked only while the epoch is still the one this leader took;
-# either way the epoch it saw comes back, for `Leadership.check`.
-_MARK_SENT_FENCED = text(
-    "WITH leader AS (SELECT epoch FROM publisher_leader WHERE id = :leader_row FOR SHARE),"
-    " marked AS (UPDATE outbox SET sent_at = :sent_at WHERE id = ANY(:ids)"
-    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)"
-    " SELECT (SELECT epoch FROM leader) AS epoch, (SELECT count(*) FROM marked) AS marked"
-)
-
-
 @dataclass
 class OutboxRelay:
-    # Core, not the ORM: the relay runs on every commit, and the ORM's unit of
-    # work costs several times more CPU for the same two statements.
-    engine: AsyncEngine
+    # Its reads and marks are shared/ledger/outbox_relay.py's, on Core, not the ORM: the
+    # relay runs on every commit, and the ORM's unit of work costs several times more CPU.
+    engine: Any
     channel: aio_pika.abc.AbstractChannel
     # The publisher's broker user: every message says who sent it (RabbitMQ checks).
     user_id: str
@@ -84,20 +45,9 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
         leadership = self.leadership
-        async with self.engine.connect() as conn:
-            rows: Sequence[Any]
-            if conn.dialect.name == "postgresql":
-                # Straight on asyncpg, outside a transaction: one round trip instead of
-                # SQLAlchemy's BEGIN, SELECT and ROLLBACK (one statement sees one snapshot).
-                raw = await driver.driver_of(conn)
-                rows = await driver.fetch(conn, _UNSENT, {"batch_size": self.batch_size}, raw=raw)
-                if leadership is not None and not rows:
-                    # Idle: still the leader? (A leader whose lock connection died unnoticed learns it here.)
-                    epoch = await driver.fetch(conn, EPOCH, {}, raw=raw)
-                    leadership.check(epoch[0].epoch if epoch else None)
-            else:
-                rows = (await conn.execute(_UNSENT, {"batch_size": self.batch_size})).all()
-                await conn.rollback()
+        rows = await outbox_relay.unsent(
+            self.engine, self.batch_size, leadership.check if leadership is not None else None
+        )
         if not rows:
             return 0
         if leadership is not None:
@@ -127,18 +77,12 @@ class OutboxRelay:
             MESSAGES_PUBLISHED.labels(row.message_type).inc()
         await faults.reached("publisher.after_send")
         try:
+            ids = [r.id for r in rows]
             if leadership is not None and not self.hooks:
-                marking = {"leader_row": LEADER_ROW, "ids": [r.id for r in rows], "sent_at": now()}
-                async with self.engine.connect() as conn:
-                    marked = await driver.fetch(conn, _MARK_SENT_FENCED, {**marking, "epoch": leadership.epoch})
-                STATEMENT_COUNTS["commits"] += 1  # autocommitted
-                leadership.check(marked[0].epoch if marked else None)
+                leadership.check(await outbox_relay.mark_sent_fenced(self.engine, ids, now(), leadership.epoch))
             else:
-                async with self.engine.begin() as conn:
-                    if leadership is not None:
-                        await leadership.fence(conn)
-                    await conn.execute(_MARK_SENT, {"ids": [r.id for r in rows], "sent_at": now()})
-                    await schedule(conn, self.hooks, rows)
+                fence = leadership.fence if leadership is not None else None
+                await outbox_relay.mark_sent(self.engine, ids, now(), scheduled(self.hooks, rows), fence)
         except LeadershipLost:
             log.warning(
                 "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "

@@ -8,21 +8,15 @@ losing Redis loses nothing.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import bindparam, exists, literal, select, update
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.authorization import Authorization, GrantTerms, grant_seal_names, request_seal_names
-from shared.ledger import driver
-from shared.ledger.call_on_record import CALL_ON_RECORD
-from shared.ledger.database import insert_unless_present
-from shared.ledger.tables import TABLES, ExecutionClaim
+from shared.ledger.claims import ClaimRows
+from shared.ledger.tables import ExecutionClaim
 from shared.messages import Outcome, now
 from shared.signatures import arguments_fingerprint
 
@@ -220,70 +214,22 @@ def ledger_allows(
     return None
 
 
-# What the executor reads of the ledger's rows, in one query of the ledger's (shared/ledger/call_on_record.py).
-_CALL_ON_RECORD = CALL_ON_RECORD
-CLAIMS = TABLES["execution_claims"]
-# Built once: the hot path runs them for every call, and building costs more than executing a cached one.
-_FRESH = {dialect: insert_unless_present(CLAIMS, "call_id", dialect) for dialect in ("postgresql", "sqlite")}
-# PostgreSQL: the record read and the fresh claim in one statement (a data-modifying CTE).
-# The claim is inserted only when the ledger has the call; whether the record allows what
-# the authorization says is still decided in Python (ledger_allows), and a refusal rolls
-# the claim back (Claims.take), so no rule is written twice.
-_FRESH_COLUMNS = (
-    "call_id",
-    "idempotency_key",
-    "status",
-    "holder",
-    "lease_expires_at",
-    "attempts",
-    "claimed_at",
-    "authorization",
-)
-_RECORD = _CALL_ON_RECORD.cte("record")
-_CLAIMED = (
-    postgresql.insert(CLAIMS)
-    .from_select(
-        list(_FRESH_COLUMNS),
-        select(*(bindparam(name, type_=CLAIMS.c[name].type) for name in _FRESH_COLUMNS)).where(
-            exists(select(literal(1)).select_from(_RECORD))
-        ),
-    )
-    .on_conflict_do_nothing(index_elements=[CLAIMS.c.call_id])
-    .returning(CLAIMS.c.call_id)
-    .cte("claimed")
-)
-_RECORD_AND_FRESH_CLAIM = select(
-    *_RECORD.c, exists(select(literal(1)).select_from(_CLAIMED)).label("fresh")
-).select_from(_RECORD)
-# An update of a claim this executor still holds; its SET clause: `_update_own_setting`.
-_UPDATE_OWN = update(CLAIMS).where(
-    CLAIMS.c.call_id == bindparam("call_id_"), CLAIMS.c.holder == bindparam("holder_"), CLAIMS.c.status == "claimed"
-)
-
-
-@functools.cache
-def _update_own_setting(columns: tuple[str, ...]) -> Any:
-    """`_UPDATE_OWN` setting `columns`, built once per set (both stores; asyncpg compiles it once)."""
-    return _UPDATE_OWN.values({name: bindparam(name, type_=CLAIMS.c[name].type) for name in columns})
-
-
 class Claims:
-    """The executor's claims, on Core: one statement for the common case (a fresh claim)."""
+    """The executor's claims: the rules here, the rows through shared/ledger/claims.py."""
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Any,
         holder: str,
         lease_seconds: float,
         ledger_key: Ed25519PublicKey,
-        heartbeat: AsyncEngine | None = None,
+        heartbeat: Any = None,
     ) -> None:
-        self.engine = engine
-        # Renewals on a connection of their own: a heartbeat that queues for the pool behind
-        # the claims it guards misses its lease under load, and another delivery then takes
-        # a call that is still running (an idempotent one runs twice, an outward one is
-        # closed as outcome-unknown).
-        self.heartbeat = heartbeat or engine
+        # Renewals on a connection of their own (`heartbeat`): a heartbeat that queues for
+        # the pool behind the claims it guards misses its lease under load, and another
+        # delivery then takes a call that is still running (an idempotent one runs twice,
+        # an outward one is closed as outcome-unknown).
+        self.rows = ClaimRows(engine, heartbeat)
         self.holder = holder
         self.lease = timedelta(seconds=lease_seconds)
         # The ledger's public key: a request's seal in the ledger's rows is checked with it.
@@ -303,7 +249,7 @@ class Claims:
         """Claim the call if the ledger's rows allow it; `target`: what the call touches
         by the executor's catalogue, which a grant's target must match."""
         try:
-            async with self.engine.begin() as conn:
+            async with self.rows.claiming() as conn:
                 return await self._take(
                     conn, call_id, idempotency_key, effect, granted, tool, fingerprint, authorization, target
                 )
@@ -313,7 +259,7 @@ class Claims:
 
     async def _take(
         self,
-        conn: AsyncConnection,
+        conn: Any,
         call_id: str,
         idempotency_key: str,
         effect: str,
@@ -327,47 +273,26 @@ class Claims:
         fresh_values = fresh_claim(
             call_id, idempotency_key, self.holder, at=at, lease=self.lease, authorization=authorization
         )
-        record: Any
-        if conn.dialect.name == "postgresql":
-            record = (await conn.execute(_RECORD_AND_FRESH_CLAIM, fresh_values)).first()
-            fresh = record is not None and record.fresh
-        else:
-            record = (await conn.execute(_CALL_ON_RECORD, {"call_id": call_id})).first()
-            fresh = None
+        record, fresh = await self.rows.record_claiming(conn, fresh_values)
         refusal = ledger_allows(record and call_on_record(record), granted, tool, fingerprint, self.ledger_key, target)
         if refusal is not None:
             raise _Refused(refusal)
         if fresh is None:
-            fresh = (await conn.execute(_FRESH[conn.dialect.name], fresh_values)).rowcount == 1
+            fresh = await self.rows.claim_fresh(conn, fresh_values)
         if fresh:
             return ClaimOutcome("run", attempt=1)
-        row = (await conn.execute(select(CLAIMS).where(CLAIMS.c.call_id == call_id).with_for_update())).one()
-        verdict = decide(ExecutionClaim(**row._mapping), effect=effect, at=at)
+        verdict = decide(await self.rows.locked(conn, call_id), effect=effect, at=at)
         if verdict.action == "run":
-            await conn.execute(
-                update(CLAIMS)
-                .where(CLAIMS.c.call_id == call_id)
-                .values(retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease))
-            )
+            await self.rows.set(conn, call_id, retaken_claim(self.holder, verdict.attempt, at=at, lease=self.lease))
         elif verdict.action == "lost":
-            await conn.execute(update(CLAIMS).where(CLAIMS.c.call_id == call_id).values(lost_call(at)))
+            await self.rows.set(conn, call_id, lost_call(at))
         return verdict
 
-    async def _update_own(self, call_id: str, engine: AsyncEngine | None = None, **values) -> bool:
-        engine = engine or self.engine
-        statement = _update_own_setting(tuple(values))
-        parameters = {"call_id_": call_id, "holder_": self.holder, **values}
-        if engine.dialect.name == "postgresql":
-            # One statement is atomic by itself: autocommitted straight on asyncpg, one
-            # round trip instead of SQLAlchemy's BEGIN, UPDATE and COMMIT.
-            async with engine.connect() as conn:
-                return await driver.execute(conn, statement, parameters) == 1
-        async with engine.begin() as conn:
-            result = await conn.execute(statement, parameters)
-            return result.rowcount == 1
+    async def _update_own(self, call_id: str, *, heartbeat: bool = False, **values) -> bool:
+        return await self.rows.update_own(call_id, self.holder, values, heartbeat=heartbeat)
 
     async def renew(self, call_id: str) -> bool:
-        return await self._update_own(call_id, self.heartbeat, lease_expires_at=renewed_lease(now(), self.lease))
+        return await self._update_own(call_id, heartbeat=True, lease_expires_at=renewed_lease(now(), self.lease))
 
     async def finish(self, call_id: str, outcome: str, result: dict[str, Any]) -> bool:
         """Record the result; False if this executor no longer holds the claim."""

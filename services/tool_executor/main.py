@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from shared import keyring, redaction
 from shared.catalogue import load_catalogue
 from shared.consuming import publish
+from shared.ledger.claims import heartbeat_engine
 from shared.ledger.database import create_engine, database_reachable, migrate
 from shared.messages import ExecuteTool
 from shared.observability import know_tools
@@ -57,8 +58,8 @@ async def run(settings: Settings) -> None:
     runtime = prepare(settings, "tool-executor")
     await runtime.expose()
     engine = create_engine(settings, identity="tool-executor")
-    # SQLite has one writer and a pool of one already; PostgreSQL gets a connection for the heartbeat alone.
-    heartbeat = create_engine(settings, identity="tool-executor", pool_size=1) if settings.is_postgres else None
+    # Lease renewals on a connection of their own where the database has more than one (shared/ledger/claims.py).
+    heartbeat = heartbeat_engine(settings, "tool-executor")
     runtime.health.add("database", partial(database_reachable, engine))
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"

@@ -316,6 +316,10 @@ class OutboxRow(Base):
     __tablename__ = "outbox"
     __table_args__ = (
         Index("ix_outbox_unsent", "sent_at", "id"),
+        # The relay's poll starts at the first unsent row (migration 0016, shared/ledger/outbox_relay.py).
+        Index(
+            "ix_outbox_unsent_id", "id", postgresql_where=text("sent_at IS NULL"), sqlite_where=text("sent_at IS NULL")
+        ),
         Index("ix_outbox_txid", "txid", "id"),
         # Ids never reused (migration 0012): the gateway's event ids are outbox ids.
         {"sqlite_autoincrement": True},

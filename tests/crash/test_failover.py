@@ -18,7 +18,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.approval_ledger.store_database import database_store
-from services.publisher.leadership import leader_lock
+from shared.ledger.leadership import leader_lock
 from shared.ledger.database import notify_channel
 from shared.ledger.tables import ApprovalRequest, Closure, OutboxRow
 from shared.messages import TurnCompleted, mint

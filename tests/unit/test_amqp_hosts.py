@@ -3,7 +3,7 @@ in one database URL (shared/ledger/urls.py:several_hosts)."""
 
 from faststream.rabbit import RabbitBroker
 
-from services.publisher.leadership import _where
+from shared.ledger.leadership import _where
 from shared.amqp_hosts import FailoverConnection, connection_class, failover_broker, split_hosts, with_hosts
 from shared.settings import Settings
 

@@ -109,8 +109,14 @@ def test_the_operator_tools_are_the_modules_the_contracts_name(graph):
 @pytest.mark.parametrize(
     "crossing, users",
     (
-        # The executor's one read of the ledger's tool_calls, approval_requests and decisions.
-        ("shared.ledger.call_on_record", {"services.tool_executor.claims"}),
+        # The executor's one read of the ledger's tool_calls, approval_requests and decisions,
+        # beside its own claims' statements (shared/ledger/claims.py, which reads through
+        # shared/ledger/call_on_record.py).
+        ("shared.ledger.claims", {"services.tool_executor.claims", "services.tool_executor.main"}),
+        # The publisher's reads and marks of the ledger's outbox, its hook deliveries and its leadership.
+        ("shared.ledger.outbox_relay", {"services.publisher.relay"}),
+        ("shared.ledger.hook_deliveries", {"services.publisher.hooks"}),
+        ("shared.ledger.leadership", {"services.publisher.leadership", "services.publisher.main"}),
         # The ledger's one write in the executor's execution_claims (a call held back).
         ("shared.ledger.held_back", {"services.approval_ledger.store", "services.approval_ledger.domain"}),
         # The console's reads of the ledger's rows, and its one write there (an operator's

@@ -110,19 +110,6 @@ ROOT = LEDGER.parents[1]
 # Where a database detail may live: shared/ledger/ (schema, engine, migrations, driver, and
 # one module per crossing or per sweep) and the ledger's two database adapters.
 DATABASE_PLACES = ("shared/ledger/",) + tuple(f"services/approval_ledger/{name}" for name in DATABASE_ADAPTERS)
-# Modules that still hold SQL, SQLAlchemy or a dialect check of their own (issue 22, not done:
-# docs/notes/port2.md). Each should move its queries into a named module under shared/ledger/,
-# one per crossing, as call_on_record.py, held_back.py, backlog.py, retention.py,
-# audit_chain.py, roles.py (setup's database roles) and urls.py (the ledger's URL and
-# logins) do; then leave this list, which only shrinks.
-NOT_YET_MOVED = {
-    "services/publisher/hooks.py",
-    "services/publisher/leadership.py",
-    "services/publisher/main.py",
-    "services/publisher/relay.py",
-    "services/tool_executor/claims.py",
-    "services/tool_executor/main.py",
-}
 
 
 def database_detail(source: str) -> list[str]:
@@ -151,16 +138,10 @@ def test_the_repository_check_sees_the_services_and_skips_the_database_places():
     ]
 
 
-def test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters_but_the_listed():
+def test_no_sql_nor_dialect_check_outside_shared_ledger_and_the_ledgers_adapters():
     held = repository_modules()
-    found = {name: what for name, what in held.items() if what and name not in NOT_YET_MOVED}
+    found = {name: what for name, what in held.items() if what}
     assert found == {}, "move these modules' queries into a named module under shared/ledger/"
-
-
-@pytest.mark.parametrize("module", sorted(NOT_YET_MOVED))
-def test_a_module_listed_as_not_yet_moved_still_holds_a_database_detail(module):
-    # Once its queries moved, it leaves the list: the list says what is left, no more.
-    assert repository_modules()[module], f"{module} holds no database detail now: take it off NOT_YET_MOVED"
 
 
 def _unmutated(name: str) -> str:
