@@ -252,8 +252,18 @@ def looks_for_secrets(arguments: dict[str, Any], context: Any) -> dict[str, Any]
         if any(needle in data for needle in needles):
             found["found in"].append(name)
 
+    # Its own start-up environment, read from its own memory (a process that is not
+    # dumpable may not open its own /proc/self/environ): after a fork, the fork server's.
+    # Reversed before it is looked at, so that no copy of a needle is made here.
+    import ctypes
+
+    stat = open("/proc/self/stat").read()
+    env_start, env_end = (int(field) for field in stat[stat.rindex(")") + 2:].split()[47:49])
+    block = ctypes.string_at(env_start, env_end - env_start)[::-1]
+    if any(given.encode() in block for given in arguments["needles"]):
+        found["found in"].append("own environment")
     parent = os.getppid()
-    for name, path in (("own environ", "/proc/self/environ"), ("parent's environ", f"/proc/{parent}/environ"),
+    for name, path in (("parent's environ", f"/proc/{parent}/environ"),
                        ("parent's cmdline", f"/proc/{parent}/cmdline")):
         try:
             with open(path, "rb") as f:
