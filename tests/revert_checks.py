@@ -464,8 +464,8 @@ MUTATIONS = [
    "        result = ToolResult(\"output\", as_json(await value if hasattr(value, \"__await__\") else value))\n",
    "tests/integration/test_tool_isolation.py"),
   ("a python tool's process inherits the executor's whole environment", "services/tool_executor/tools.py",
-   "        env={**_basic_environment(folder), **handed},\n",
-   "        env={**os.environ, **_basic_environment(folder), **handed},\n",
+   "        env={**_basic_environment(folder), **handed},\n        pass_fds=descriptors,\n",
+   "        env={**os.environ, **_basic_environment(folder), **handed},\n        pass_fds=descriptors,\n",
    "tests/integration/test_tool_isolation.py::"
    "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
    "tests/unit/test_python_tools.py"),
@@ -917,8 +917,8 @@ MUTATIONS = [
    "tests/integration/test_backlog_indexes.py::test_the_gauge_reads_the_tally_and_each_tools_heads_never_every_pending_row"),
   # The python tools' fork server (docs/design.md, "A process per python call costs time").
   ("the fork server starts with the executor's whole environment", "services/tool_executor/tools.py",
-   "                env={**_basic_environment(self.folder), **handed},\n",
-   "                env={**os.environ, **_basic_environment(self.folder), **handed},\n",
+   "                env={**_basic_environment(folder), **handed},\n",
+   "                env={**os.environ, **_basic_environment(folder), **handed},\n",
    "tests/unit/test_tool_fork_server.py::"
    "test_a_tool_finds_no_secret_in_its_fork_servers_environment_or_memory_nor_any_of_its_descriptors"),
   ("a forked call keeps the fork server's descriptors (its control socket)", "services/tool_executor/tool_process.py",
@@ -927,8 +927,8 @@ MUTATIONS = [
    "tests/unit/test_tool_fork_server.py::"
    "test_a_tool_finds_no_secret_in_its_fork_servers_environment_or_memory_nor_any_of_its_descriptors"),
   ("the executor never starts a dead fork server again", "services/tool_executor/tools.py",
-   "        if self.process is None or self.process.poll() is not None:\n            self.stop()\n            self._start()\n",
-   "        if self.starts == 0:\n            self._start()\n",
+   "        if self.process is None or self.process.poll() is not None:\n            self.stop()\n            self._start(folder)\n",
+   "        if self.starts == 0:\n            self._start(folder)\n",
    "tests/unit/test_tool_fork_server.py::"
    "test_a_tool_that_kills_its_fork_server_dies_with_it_and_the_next_call_gets_a_new_one"),
   ("the tool launcher never starts a dead fork server again", "services/tool_launcher.py",

@@ -434,13 +434,13 @@ class ForkServer:
     holding nothing else. Started on the first call; started again when it has died or
     does not answer (the calls it was running then end as processes that died)."""
 
-    def __init__(self, folder: Path, run_as: tuple[int, int] | None) -> None:
-        self.folder, self.run_as = folder, run_as
+    def __init__(self, run_as: tuple[int, int] | None) -> None:
+        self.run_as = run_as
         self.process: subprocess.Popen[bytes] | None = None
         self.control: socket.socket | None = None
         self.starts = 0
 
-    def _start(self) -> None:
+    def _start(self, folder: Path) -> None:
         python, handed, descriptors = _interpreter()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -450,8 +450,8 @@ class ForkServer:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                cwd=self.folder,
-                env={**_basic_environment(self.folder), **handed},
+                cwd=folder,
+                env={**_basic_environment(folder), **handed},
                 pass_fds=(*descriptors, theirs.fileno()),
                 start_new_session=True,
             )
@@ -485,51 +485,53 @@ class ForkServer:
             self.process.wait()
             self.process = None
 
-    async def fork(self) -> _Launched:
-        """A child of the fork server for one call, answered like a launched process."""
+    async def fork(self, folder: Path) -> _Launched:
+        """A child of the fork server for one call, in `folder`, answered like a launched process."""
         try:
-            return await self._ask()
+            return await self._ask(folder)
         except (LauncherUnavailable, TimeoutError):
             # Dead or stuck before it started the call: nothing ran, so start it again
             # and ask once more.
             self.stop()
         try:
-            return await self._ask()
+            return await self._ask(folder)
         except (LauncherUnavailable, TimeoutError):
             self.stop()
             raise LauncherUnavailable("the python tools' fork server did not start the call; nothing ran") from None
 
-    async def _ask(self) -> _Launched:
+    async def _ask(self, folder: Path) -> _Launched:
         if self.process is None or self.process.poll() is not None:
             self.stop()
-            self._start()
+            self._start(folder)
         control = self.control
         assert control is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
-        folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        environment = json.dumps(_basic_environment(self.folder)).encode()
+        # Entered by descriptor: the tools' user may not pass the folders above it.
+        entered = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        environment = json.dumps(_basic_environment(folder)).encode()
 
         def send(pipes: list[int]) -> None:
             # Non-blocking: a server that stopped reading is stuck, not waited for.
-            socket.send_fds(control, [environment], [theirs.fileno(), *pipes, folder])
+            socket.send_fds(control, [environment], [theirs.fileno(), *pipes, entered])
 
         try:
             async with asyncio.timeout(FORK_ANSWER_SECONDS):
                 return await _started(ours, send, "the python tools' fork server")
         finally:
             theirs.close()
-            os.close(folder)
+            os.close(entered)
 
 
-_fork_servers: dict[tuple[Path, tuple[int, int] | None], ForkServer] = {}
+# One per user the calls run as (always one but in tests): each call names its own folder.
+_fork_servers: dict[tuple[int, int] | None, ForkServer] = {}
 
 
 async def _fork(folder: Path, run_as: tuple[int, int] | None) -> _Launched:
-    server = _fork_servers.get((folder, run_as))
+    server = _fork_servers.get(run_as)
     if server is None:
-        server = _fork_servers[(folder, run_as)] = ForkServer(folder, run_as)
-    return await server.fork()
+        server = _fork_servers[run_as] = ForkServer(run_as)
+    return await server.fork(folder)
 
 
 async def _exchange(process: _Here | _Launched, call: bytes) -> tuple[bytes | None, bytes]:
