@@ -293,3 +293,15 @@ def looks_for_secrets(arguments: dict[str, Any], context: Any) -> dict[str, Any]
             found["sockets"].append(target)
     found["found in"] = sorted(set(found["found in"]))
     return found
+
+
+def stops_its_parent(arguments: dict[str, Any], context: Any) -> str:
+    """Stops the process that started it (SIGSTOP: the fork server, of its own user), then returns."""
+    import os
+    import signal
+
+    try:
+        os.kill(os.getppid(), signal.SIGSTOP)
+    except PermissionError:
+        return "its parent is not of its user"
+    return "stopped its parent"

@@ -954,6 +954,11 @@ MUTATIONS = [
    "                # A group of its own",
    "                umask=0o077,\n                # A group of its own",
    "tests/unit/test_tool_launcher.py::test_a_peer_with_the_executors_uid_gets_its_tool_run_as_signoff_tools"),
+  ("a stopped fork server is waited for, never restarted", "services/tool_executor/tools.py",
+   "            async with asyncio.timeout(FORK_ANSWER_SECONDS):\n",
+   "            async with asyncio.timeout(None):\n",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_that_stops_its_fork_server_delays_the_next_call_by_a_few_seconds_and_it_runs"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

@@ -1,4 +1,6 @@
-"""A python tool's own process: `python -I -S -c "…tool_process import main; main()"`.
+"""A python tool's own process: `python -I -S -c "…tool_process import main; main()"`,
+or, by default, a child forked for the call from a fork server (`serve`, below) that
+started the same way.
 
 The executor starts one per call (`tools.run_tool`) with a clean environment and
 writes the call to its stdin as one JSON object; this process answers on its

@@ -5,6 +5,7 @@ child per call. Each call still runs in a process of its own that cannot see ano
 call's state nor anything of the executor's, and the executor outlives the fork server."""
 
 import os
+import time
 import secrets
 from pathlib import Path
 
@@ -79,3 +80,12 @@ async def test_a_tool_finds_no_secret_in_its_fork_servers_environment_or_memory_
         assert {"parent's environ: PermissionError", "parent's memory: PermissionError"} <= set(
             result.output["unreadable"]
         ), result.output
+
+
+async def test_a_tool_that_stops_its_fork_server_delays_the_next_call_by_a_few_seconds_and_it_runs(tmp_path):
+    stopped = await run_tool(isolated("stops_its_parent"), {}, context(tmp_path), None)
+    assert (stopped.outcome, stopped.output) == ("output", "stopped its parent")
+    started = time.monotonic()
+    after = await run_tool(isolated("plants_state"), {}, context(tmp_path, "call_2"), None)
+    assert after.outcome == "output", after.error
+    assert time.monotonic() - started < tools.FORK_ANSWER_SECONDS + 5
