@@ -164,19 +164,20 @@ class ToolsForkServer:
                     socket.send_fds(self.control, [message], [connection.fileno(), *descriptors, folder])
                     return True
                 except OSError:  # dead, or stuck (not reading): nothing ran
-                    self.stop()
+                    self.stop(wait=0)
             return False
         finally:
             os.close(folder)
 
-    def stop(self) -> None:
-        """Its end of the control socket closed, it kills its calls' groups and exits."""
+    def stop(self, wait: float = 5.0) -> None:
+        """Its end of the control socket closed, it kills its calls' groups and exits;
+        killed past `wait` seconds (at once when it is stuck: the launcher has one thread)."""
         if self.control is not None:
             self.control.close()
             self.control = None
         if self.process is not None:
             try:
-                self.process.wait(5)
+                self.process.wait(wait)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
