@@ -455,6 +455,9 @@ class ForkServer:
                 pass_fds=(*descriptors, theirs.fileno()),
                 start_new_session=True,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs_number = theirs.fileno()
             theirs.close()
