@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
 import pwd
 import selectors
@@ -52,6 +53,8 @@ from shared.tool_launch import Exited as ExitedAnswer
 SERVICE = "tool-launcher"
 # The tool's own process (services/tool_executor/tool_process.py), as the executor starts it.
 TOOL_PROCESS = "from services.tool_executor.tool_process import main; main()"
+# Its fork server (tool_process.serve), unless SIGNOFF_TOOL_FORK_SERVER is off.
+FORK_SERVER = "from services.tool_executor.tool_process import serve; serve()"
 # SO_PEERCRED's answer: pid, uid, gid.
 PEER = struct.Struct("3i")
 
@@ -95,6 +98,90 @@ def dying_with_the_launcher() -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return die_with_launcher
+
+
+def fork_server_wanted() -> bool:
+    """SIGNOFF_TOOL_FORK_SERVER, as the executor reads it (services/tool_executor/tools.py)."""
+    return os.environ.get("SIGNOFF_TOOL_FORK_SERVER", "true").strip().lower() not in ("0", "false", "no", "off")
+
+
+class ToolsForkServer:
+    """The launcher's fork server (`tool_process.serve`): started as TOOLS_USER exactly as
+    a tool's process would be, dying with the launcher; a valid request's connection and
+    descriptors are handed to it, and it forks the call's process, answers `Started` and
+    later `Exited` on the executor's connection, and kills the call's group when the
+    executor lets go. Started again when it has died or stopped reading."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.process: subprocess.Popen | None = None
+        self.control: socket.socket | None = None
+
+    def _start(self, environment: dict[str, str]) -> None:
+        launcher = self.launcher
+        uid, gid = launcher.tools
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            process = subprocess.Popen(
+                launcher.python.command("-s", "-P", "-c", FORK_SERVER),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=launcher.tools_dir,
+                env=self._environment(environment),
+                pass_fds=(*launcher.python.descriptors, theirs.fileno()),
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                umask=0o077,
+                start_new_session=True,
+                preexec_fn=launcher.die_with_launcher,
+            )
+            setup = {"control": theirs.fileno(), "import_path": [], "run_as": None, "parent": os.getpid()}
+        finally:
+            theirs.close()
+        assert process.stdin is not None
+        with contextlib.suppress(OSError):  # it died at once: the hand-over finds out
+            process.stdin.write(json.dumps(setup).encode())
+            process.stdin.close()
+        ours.setblocking(False)
+        self.process, self.control = process, ours
+
+    def _environment(self, environment: dict[str, str]) -> dict[str, str]:
+        return {**environment, "HOME": str(self.launcher.tools_dir), **self.launcher.python.environment()}
+
+    def hand(self, connection: socket.socket, environment: dict[str, str], descriptors: list[int]) -> bool:
+        """Hand the call to the fork server; False if it cannot take it even after a restart."""
+        folder = os.open(self.launcher.tools_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            message = json.dumps(self._environment(environment)).encode()
+            for _ in range(2):
+                if self.process is None or self.process.poll() is not None:
+                    self.stop()
+                    self._start(environment)
+                assert self.control is not None
+                try:
+                    socket.send_fds(self.control, [message], [connection.fileno(), *descriptors, folder])
+                    return True
+                except OSError:  # dead, or stuck (not reading): nothing ran
+                    self.stop(wait=0)
+            return False
+        finally:
+            os.close(folder)
+
+    def stop(self, wait: float = 5.0) -> None:
+        """Its end of the control socket closed, it kills its calls' groups and exits;
+        killed past `wait` seconds (at once when it is stuck: the launcher has one thread)."""
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.process is not None:
+            try:
+                self.process.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
 
 
 @dataclass
@@ -150,6 +237,7 @@ class Launcher:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.connections: dict[int, Connection] = {}
+        self.fork_server = ToolsForkServer(self) if fork_server_wanted() else None
 
     def serve(self, stop: list[bool] | None = None) -> None:
         stop = stop if stop is not None else [False]
@@ -168,6 +256,8 @@ class Launcher:
             self.close()
 
     def close(self) -> None:
+        if self.fork_server is not None:
+            self.fork_server.stop()
         for connection in list(self.connections.values()):
             self._kill(connection)
             if connection.process is not None:
@@ -237,6 +327,13 @@ class Launcher:
                     os.close(descriptor)
 
     def _start(self, connection: Connection, request: LaunchRequest, descriptors: list[int]) -> None:
+        if self.fork_server is not None:
+            if self.fork_server.hand(connection.socket, request.environment, descriptors):
+                # The fork server answers on the connection from here: ours is let go.
+                self._forget(connection)
+            else:
+                self._refuse(connection, "the python tools' fork server could not be started")
+            return
         uid, gid = self.tools
         stdin, stdout, stderr = descriptors
         try:

@@ -117,6 +117,11 @@ class Settings(BaseSettings, LedgerLogin):
     # unset, an executor that is root starts tools as `signoff-tools` itself, and one that
     # is not runs them as its own user. `signoff up` as root, compose and Kubernetes set it.
     tool_launcher: Path | None = None
+    # Python tools forked, one child per call, from a fork server of the tools' user that
+    # has imported the interpreter's start-up once (services/tool_executor/tool_process.py
+    # `serve`; the executor's, or the tool launcher's, which reads this variable too);
+    # off: a fresh interpreter per call, as before (an A/B, docs/performance.md).
+    tool_fork_server: bool = True
     # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
     # port 0: none. `signoff up` gives its children this port plus their index.
     metrics_port: int = 9464

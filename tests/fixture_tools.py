@@ -196,3 +196,112 @@ async def reach_for_the_executors_secrets(arguments: dict[str, Any], context: An
         "why not": why,
         "uid": os.getuid(),
     }
+
+
+def plants_state(arguments: dict[str, Any], context: Any) -> dict[str, Any]:
+    """What an earlier call left in this process (a module the fork server imported
+    before any call, `sys.modules`, the environment, a module global), then leaves the
+    same for the next call to find."""
+    import json
+    import os
+    import sys
+    import types
+
+    seen = {
+        "json attribute": getattr(json, "planted_by", None),
+        "sys.modules": "planted_module" in sys.modules,
+        "environment": os.environ.get("PLANTED_BY"),
+        "module global": PLANTED.get("by"),
+        "pid": os.getpid(),
+    }
+    json.planted_by = context.call_id  # type: ignore[attr-defined]
+    sys.modules["planted_module"] = types.ModuleType("planted_module")
+    os.environ["PLANTED_BY"] = context.call_id
+    PLANTED["by"] = context.call_id
+    return seen
+
+
+PLANTED: dict[str, str] = {}
+
+
+def kills_its_parent(arguments: dict[str, Any], context: Any) -> str:
+    """Kills the process that started it (the fork server, which is of its own user), then
+    waits to be killed with it."""
+    import os
+    import signal
+
+    try:
+        os.kill(os.getppid(), signal.SIGKILL)
+    except PermissionError:
+        return "its parent is not of its user"
+    time.sleep(10)
+    return "outlived its parent"
+
+
+def looks_for_secrets(arguments: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Looks for each of `needles` in its own start-up environment (a fork's is its fork
+    server's), in its parent's environment, command line and memory; and lists the
+    descriptors it holds besides its pipes."""
+    import os
+
+    # Given reversed, so that the call itself puts them in no memory but this process's own.
+    needles = [needle[::-1].encode() for needle in arguments["needles"]]
+    found: dict[str, Any] = {"found in": [], "unreadable": [], "sockets": []}
+
+    def look(name: str, data: bytes) -> None:
+        if any(needle in data for needle in needles):
+            found["found in"].append(name)
+
+    # Its own start-up environment, read from its own memory (a process that is not
+    # dumpable may not open its own /proc/self/environ): after a fork, the fork server's.
+    # Reversed before it is looked at, so that no copy of a needle is made here.
+    import ctypes
+
+    stat = open("/proc/self/stat").read()
+    env_start, env_end = (int(field) for field in stat[stat.rindex(")") + 2:].split()[47:49])
+    block = ctypes.string_at(env_start, env_end - env_start)[::-1]
+    if any(given.encode() in block for given in arguments["needles"]):
+        found["found in"].append("own environment")
+    parent = os.getppid()
+    for name, path in (("parent's environ", f"/proc/{parent}/environ"),
+                       ("parent's cmdline", f"/proc/{parent}/cmdline")):
+        try:
+            with open(path, "rb") as f:
+                look(name, f.read())
+        except OSError as error:
+            found["unreadable"].append(f"{name}: {type(error).__name__}")
+    try:
+        with open(f"/proc/{parent}/maps") as maps, open(f"/proc/{parent}/mem", "rb") as memory:
+            for line in maps:
+                span, permissions = line.split()[:2]
+                if not permissions.startswith("r"):
+                    continue
+                start, end = (int(part, 16) for part in span.split("-"))
+                try:
+                    memory.seek(start)
+                    look("parent's memory", memory.read(end - start))
+                except (OSError, ValueError, OverflowError):
+                    continue
+    except OSError as error:
+        found["unreadable"].append(f"parent's memory: {type(error).__name__}")
+    for descriptor in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:
+            continue
+        if target.startswith("socket:") or "pidfd" in target:
+            found["sockets"].append(target)
+    found["found in"] = sorted(set(found["found in"]))
+    return found
+
+
+def stops_its_parent(arguments: dict[str, Any], context: Any) -> str:
+    """Stops the process that started it (SIGSTOP: the fork server, of its own user), then returns."""
+    import os
+    import signal
+
+    try:
+        os.kill(os.getppid(), signal.SIGSTOP)
+    except PermissionError:
+        return "its parent is not of its user"
+    return "stopped its parent"

@@ -237,6 +237,9 @@ class Deployment:
         )
         if self.store == "postgres":
             env.update(SIGNOFF_DATABASE_URL=self.postgres_url, SIGNOFF_DATABASE_SCHEMA=self.namespace)
+        # The python tools' fork server on or off, as whoever runs the tests says (an A/B of the bench).
+        if "SIGNOFF_TOOL_FORK_SERVER" in os.environ:
+            env["SIGNOFF_TOOL_FORK_SERVER"] = os.environ["SIGNOFF_TOOL_FORK_SERVER"]
         # The fixture tools' credential (tests/fixtures/tools.yaml): an unset `${env:…}` is an error.
         env.setdefault("SINK_TOKEN", "sink-token-for-tests")
         env.update(self.extra_env)

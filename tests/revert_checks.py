@@ -463,8 +463,8 @@ MUTATIONS = [
    "        result = ToolResult(\"output\", as_json(await value if hasattr(value, \"__await__\") else value))\n",
    "tests/integration/test_tool_isolation.py"),
   ("a python tool's process inherits the executor's whole environment", "services/tool_executor/tools.py",
-   "        env={**_basic_environment(folder), **handed},\n",
-   "        env={**os.environ, **_basic_environment(folder), **handed},\n",
+   "        env={**_basic_environment(folder), **handed},\n        pass_fds=descriptors,\n",
+   "        env={**os.environ, **_basic_environment(folder), **handed},\n        pass_fds=descriptors,\n",
    "tests/integration/test_tool_isolation.py::"
    "test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_another_tools_and_keeps_its_own[sqlite] "
    "tests/unit/test_python_tools.py"),
@@ -595,9 +595,11 @@ MUTATIONS = [
    "",
    "tests/integration/test_tool_isolation.py::"
    "test_under_signoff_up_as_root_a_hostile_python_tool_runs_as_signoff_tools_and_reads_none_of_the_executors_keys"),
-  ("the tool launcher starts tools as itself, root (no switch of user)", "services/tool_launcher.py",
-   "                user=uid,\n                group=gid,\n                extra_groups=[],\n",
-   "",
+  ("the tool launcher starts its fork server, and so every tool, as itself, root (no switch of user)",
+   "services/tool_launcher.py",
+   "                user=uid,\n                group=gid,\n                extra_groups=[],\n                umask=0o077,\n"
+   "                start_new_session=True,\n",
+   "                umask=0o077,\n                start_new_session=True,\n",
    "tests/unit/test_tool_launcher.py::test_a_peer_with_the_executors_uid_gets_its_tool_run_as_signoff_tools"),
   ("the tool launcher takes any variable for the tool's process (LD_PRELOAD, SIGNOFF_*)", "shared/tool_launch.py",
    "        unknown = sorted(set(environment) - set(PASSED_ENVIRONMENT))\n",
@@ -943,6 +945,50 @@ MUTATIONS = [
    "        OUTBOX.c.id >= select(func.min(_UNSENT_ROWS.c.id)).where(_UNSENT_ROWS.c.sent_at.is_(None)).scalar_subquery(),\n",
    "",
    "tests/integration/test_relay_poll.py::test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows"),
+  # The python tools' fork server (docs/design.md, "A process per python call costs time").
+  ("the fork server starts with the executor's whole environment", "services/tool_executor/tools.py",
+   "                env={**_basic_environment(folder), **handed},\n",
+   "                env={**os.environ, **_basic_environment(folder), **handed},\n",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_finds_no_secret_in_its_fork_servers_environment_or_memory_nor_any_of_its_descriptors"),
+  ("a forked call keeps the fork server's descriptors (its control socket)", "services/tool_executor/tool_process.py",
+   "{connection, stdin, stdout, stderr, folder, *private}",
+   "{connection, stdin, stdout, stderr, folder}",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_finds_no_secret_in_its_fork_servers_environment_or_memory_nor_any_of_its_descriptors"),
+  ("the executor never starts a dead fork server again", "services/tool_executor/tools.py",
+   "        if self.process is None or self.process.poll() is not None:\n            self.stop()\n            self._start(folder)\n",
+   "        if self.starts == 0:\n            self._start(folder)\n",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_that_kills_its_fork_server_dies_with_it_and_the_next_call_gets_a_new_one"),
+  ("the tool launcher never starts a dead fork server again", "services/tool_launcher.py",
+   "                if self.process is None or self.process.poll() is not None:\n                    self.stop()\n"
+   "                    self._start(environment)\n",
+   "                if self.process is None:\n                    self._start(environment)\n"
+   "                elif self.process.poll() is not None:\n                    return False\n",
+   "tests/unit/test_tool_launcher.py::"
+   "test_through_the_launcher_a_tool_that_kills_its_parent_ends_its_own_call_and_the_next_call_runs"),
+  ("the fork server leaves a call running when the executor lets go (a timeout)", "services/tool_executor/tool_process.py",
+   "                selector.unregister(connection)\n                kill_group(pid)\n",
+   "                selector.unregister(connection)\n",
+   "tests/unit/test_python_tools.py::test_a_tool_past_its_timeout_is_killed_with_the_processes_it_started "
+   "tests/unit/test_tool_launcher.py::test_through_the_launcher_a_timeout_kills_the_tool_and_what_it_started"),
+  ("a forked call outlives its fork server (no death signal)", "services/tool_executor/tool_process.py",
+   "        _die_with(server)\n",
+   "",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_that_kills_its_fork_server_dies_with_it_and_the_next_call_gets_a_new_one"),
+  ("the tool launcher starts a call's fresh interpreter as itself, root (no switch of user)",
+   "services/tool_launcher.py",
+   "                user=uid,\n                group=gid,\n                extra_groups=[],\n                umask=0o077,\n"
+   "                # A group of its own",
+   "                umask=0o077,\n                # A group of its own",
+   "tests/unit/test_tool_launcher.py::test_a_peer_with_the_executors_uid_gets_its_tool_run_as_signoff_tools"),
+  ("a stopped fork server is waited for, never restarted", "services/tool_executor/tools.py",
+   "            async with asyncio.timeout(FORK_ANSWER_SECONDS):\n",
+   "            async with asyncio.timeout(None):\n",
+   "tests/unit/test_tool_fork_server.py::"
+   "test_a_tool_that_stops_its_fork_server_delays_the_next_call_by_a_few_seconds_and_it_runs"),
 ]
 
 # A failure of these kinds says the revert broke the tree (an import, a name, a

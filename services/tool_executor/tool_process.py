@@ -1,4 +1,6 @@
-"""A python tool's own process: `python -I -S -c "…tool_process import main; main()"`.
+"""A python tool's own process: `python -I -S -c "…tool_process import main; main()"`,
+or, by default, a child forked for the call from a fork server (`serve`, below) that
+started the same way.
 
 The executor starts one per call (`tools.run_tool`) with a clean environment and
 writes the call to its stdin as one JSON object; this process answers on its
@@ -15,6 +17,7 @@ level: the start-up of this process is part of every call's latency.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -217,3 +220,169 @@ def main() -> None:
         data = json.dumps({"error": "the tool's output could not be written as JSON"}).encode()
     answer.write(data)
     answer.flush()
+
+
+# The fork server (docs/design.md, "A process per python call costs time"). It starts like
+# a tool's process (the same interpreter, user, folder and plain environment) but imports
+# no tool: it reads its setup on stdin, becomes the tools' user, imports what every call
+# imports, and then forks one child per call. A child is what `main` is in a process of
+# its own: a copy of this clean process, which has never run a tool, never read a call and
+# never held a secret (a call and its variables reach only the child, on its stdin).
+#
+# Its starter (the executor, or the tool launcher) sends on the control socket one
+# message per call: the child's environment (JSON) with five descriptors: a connection
+# to answer on, the child's stdin, stdout and stderr, and its folder (entered with
+# fchdir: its parent may be a folder the tools' user cannot enter). On that connection
+# the server answers as the launcher does (shared/tool_launch.py): `{"started": true}`,
+# later `{"exited": code}` after killing what the child left in its group; anything
+# read on it (or its end) kills the child's group.
+FORKED_DESCRIPTORS = 5
+
+
+def serve() -> None:
+    import selectors
+    import signal
+    import socket
+
+    setup = json.loads(_read_everything(0))
+    control = socket.socket(fileno=setup["control"])
+    import_path = setup["import_path"]
+    if setup["run_as"] is not None:
+        uid, gid = setup["run_as"]
+        import_path = _become(uid, gid, import_path)
+    if sys.flags.no_site:
+        sys.path[:] = [*import_path, *(p for p in sys.path if p not in import_path)]
+    else:
+        sys.path[:0] = [p for p in import_path if p not in sys.path]
+    _private()
+    _die_with(setup["parent"])
+    # What calls import anyway, once here rather than once per call. Never a tool's module.
+    import asyncio  # noqa: F401
+    import importlib  # noqa: F401
+    import traceback  # noqa: F401
+
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ, None)
+    # A running child by its pidfd: (pid, its connection).
+    children: dict[int, tuple[int, socket.socket]] = {}
+
+    def kill_group(pid: int) -> None:
+        # Not yet reaped (we reap only after this), so the group is still the child's.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def say(connection: socket.socket, answer: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the starter let go: nobody left to tell
+            connection.send(json.dumps(answer).encode())
+
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:
+                try:
+                    data, descriptors, _, _ = socket.recv_fds(control, 16 * 1024, FORKED_DESCRIPTORS)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data and not descriptors:
+                    # The starter is gone: so are its calls.
+                    for pid, _connection in children.values():
+                        kill_group(pid)
+                    os._exit(0)
+                if len(descriptors) != FORKED_DESCRIPTORS:
+                    for descriptor in descriptors:
+                        os.close(descriptor)
+                    continue
+                private = [control.fileno(), selector.fileno(), *children, *(c.fileno() for _, c in children.values())]
+                pid = _fork_child(json.loads(data), descriptors, private)
+                connection = socket.socket(fileno=descriptors[0])
+                for descriptor in descriptors[1:]:
+                    os.close(descriptor)
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, connection)
+                selector.register(pidfd, selectors.EVENT_READ, ("exited", pidfd))
+                selector.register(connection, selectors.EVENT_READ, ("let go", pidfd))
+                say(connection, {"started": True})
+            elif key.data[0] == "let go":
+                # Anything from the starter after the start (data, or its end) means stop.
+                pid, connection = children[key.data[1]]
+                with contextlib.suppress(OSError):
+                    connection.recv(1)
+                selector.unregister(connection)
+                kill_group(pid)
+            else:
+                pidfd = key.data[1]
+                pid, connection = children.pop(pidfd)
+                kill_group(pid)
+                _, status = os.waitpid(pid, 0)
+                say(connection, {"exited": os.waitstatus_to_exitcode(status)})
+                selector.unregister(pidfd)
+                os.close(pidfd)
+                with contextlib.suppress(KeyError, ValueError):
+                    selector.unregister(connection)
+                connection.close()
+
+
+def _fork_child(environment: dict[str, str], descriptors: list[int], private: list[int]) -> int:
+    """Fork the call's process; in it, become what `main` is in a fresh interpreter."""
+    server = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        connection, stdin, stdout, stderr, folder = descriptors
+        # A group of its own: a timeout kills whatever the tool started too.
+        os.setsid()
+        for descriptor, standard in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(descriptor, standard)
+        os.fchdir(folder)
+        # Nothing of the server's or of another call's: not the control socket, no
+        # connection, no pidfd (another call's pipes are never open here: the server
+        # closes a call's descriptors as soon as its child is forked).
+        for descriptor in {connection, stdin, stdout, stderr, folder, *private} - {0, 1, 2}:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        _die_with(server)
+        os.environ.clear()
+        os.environ.update(environment)
+        main()
+        code = 0
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            # What a finished interpreter would do: wait for the tool's threads, run its atexit.
+            import threading
+
+            threading._shutdown()  # type: ignore[attr-defined]
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    raise AssertionError("unreachable")
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL when `parent` dies (asked again after a change of user, which clears it):
+    no call outlives its fork server, no fork server outlives its starter."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(1)
+
+
+def _read_everything(descriptor: int) -> bytes:
+    data = b""
+    while chunk := os.read(descriptor, 1 << 16):
+        data += chunk
+    return data

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -147,9 +148,17 @@ async def _run_python(
     timeout = implementation.timeout_seconds
     deadline = asyncio.timeout(timeout)
     process: _Here | _Launched | None = None
+    forked = launcher is None and fork_server_wanted()
+    if forked:
+        # The fork server already is the tools' user and has the import path: the child
+        # needs neither (nor could it switch users again).
+        call = call._replace(import_path=[], run_as=None)
     try:
         async with deadline:
-            process = await (_start_here(folder) if launcher is None else _launch(launcher))
+            if forked:
+                process = await _fork(folder, run_as)
+            else:
+                process = await (_start_here(folder) if launcher is None else _launch(launcher))
             stdout, stderr = await _exchange(process, call.encode())
     except LauncherUnavailable as unavailable:
         # Never run here instead, as the executor's own user: nothing ran.
@@ -342,43 +351,55 @@ async def _launch(path: Path) -> _Launched:
     loop = asyncio.get_running_loop()
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     connection.setblocking(False)
+    try:
+        await loop.sock_connect(connection, str(path))
+    except OSError as error:
+        connection.close()
+        raise LauncherUnavailable(
+            f"python tools run only through the tool launcher at {path}, which cannot be reached "
+            f"({type(error).__name__}: {error.strerror or error}); nothing ran"
+        ) from None
+    if _peer_uid(connection) != 0:
+        connection.close()
+        # Only root can start a process as TOOLS_USER: anything else there is not the launcher.
+        raise LauncherUnavailable(f"the tool launcher at {path} is not root's; nothing ran")
+    request = LaunchRequest(launch="python-tool", environment=_plain_environment())
+
+    def send(theirs: list[int]) -> None:
+        socket.send_fds(connection, [request.model_dump_json().encode()], theirs)
+
+    return await _started(connection, send, f"the tool launcher at {path}")
+
+
+async def _started(connection: socket.socket, send: Any, starter: str) -> _Launched:
+    """Hand `send` the process's end of three pipes, then read the starter's answer on
+    `connection` (the launcher's, or one to the fork server); LauncherUnavailable when
+    it cannot or will not start the process."""
+    loop = asyncio.get_running_loop()
     ours: list[int] = []
     theirs: list[int] = []
     try:
-        try:
-            await loop.sock_connect(connection, str(path))
-        except OSError as error:
-            raise LauncherUnavailable(
-                f"python tools run only through the tool launcher at {path}, which cannot be reached "
-                f"({type(error).__name__}: {error.strerror or error}); nothing ran"
-            ) from None
-        if _peer_uid(connection) != 0:
-            # Only root can start a process as TOOLS_USER: anything else there is not the launcher.
-            raise LauncherUnavailable(f"the tool launcher at {path} is not root's; nothing ran")
         pipes = [os.pipe() for _ in range(3)]
         # The process reads its stdin and writes its stdout and stderr; we, the other ends.
         (stdin_read, stdin_write), (stdout_read, stdout_write), (stderr_read, stderr_write) = pipes
         ours += [stdin_write, stdout_read, stderr_read]
         theirs += [stdin_read, stdout_write, stderr_write]
-        request = LaunchRequest(launch="python-tool", environment=_plain_environment())
         try:
-            socket.send_fds(connection, [request.model_dump_json().encode()], theirs)
+            send(theirs)
             for descriptor in theirs:
                 os.close(descriptor)
             theirs.clear()
             said = await loop.sock_recv(connection, MESSAGE_BYTES)
         except OSError as error:
-            raise LauncherUnavailable(
-                f"the tool launcher at {path} ended the connection ({type(error).__name__}); nothing ran"
-            ) from None
+            raise LauncherUnavailable(f"{starter} ended the connection ({type(error).__name__}); nothing ran") from None
         try:
             answer = Answer.validate_json(said)
         except ValueError:
-            raise LauncherUnavailable(f"the tool launcher at {path} answered no start; nothing ran") from None
+            raise LauncherUnavailable(f"{starter} answered no start; nothing ran") from None
         if isinstance(answer, Refused):
             raise LauncherUnavailable(f"the tool launcher refused to start the tool: {answer.refused}")
         if isinstance(answer, Exited):
-            raise LauncherUnavailable(f"the tool launcher at {path} answered no start; nothing ran")
+            raise LauncherUnavailable(f"{starter} answered no start; nothing ran")
         for descriptor in (stdin_write, stdout_read, stderr_read):
             ours.remove(descriptor)  # the pipe objects own them from here
         stdin, stdout, stderr, transports = await _streams(
@@ -393,6 +414,127 @@ async def _launch(path: Path) -> _Launched:
                 os.close(descriptor)
         connection.close()
         raise
+
+
+def fork_server_wanted() -> bool:
+    """SIGNOFF_TOOL_FORK_SERVER (shared/settings.py `tool_fork_server`): python tools
+    forked from a fork server (the default), or off: a fresh interpreter per call."""
+    return os.environ.get("SIGNOFF_TOOL_FORK_SERVER", "true").strip().lower() not in ("0", "false", "no", "off")
+
+
+# How long a fork server may take to answer a start before it is taken for stuck (a tool
+# of the same user may stop it with SIGSTOP), killed and started again.
+FORK_ANSWER_SECONDS = 5.0
+
+
+class ForkServer:
+    """A long-lived process of the tools' user that forks one child per python call
+    (`tool_process.serve`): started like a tool's process (this Python, a plain
+    environment, the tools' folder, as the tools' user, a process group of its own) and
+    holding nothing else. Started on the first call; started again when it has died or
+    does not answer (the calls it was running then end as processes that died)."""
+
+    def __init__(self, run_as: tuple[int, int] | None) -> None:
+        self.run_as = run_as
+        self.process: subprocess.Popen[bytes] | None = None
+        self.control: socket.socket | None = None
+        self.starts = 0
+
+    def _start(self, folder: Path) -> None:
+        python, handed, descriptors = _interpreter()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            process = subprocess.Popen(
+                [*python, "-c", _SERVE if python[1:] == ["-I", "-S"] else _SERVE_WITH_SITE],
+                bufsize=0,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=folder,
+                env={**_basic_environment(folder), **handed},
+                pass_fds=(*descriptors, theirs.fileno()),
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs_number = theirs.fileno()
+            theirs.close()
+        assert process.stdin is not None
+        setup = {
+            "control": theirs_number,
+            "import_path": _import_path(),
+            "run_as": self.run_as,
+            "parent": os.getpid(),
+        }
+        try:
+            process.stdin.write(json.dumps(setup).encode())
+            process.stdin.close()
+        except OSError:
+            pass  # it died at once: the first start finds out
+        ours.setblocking(False)
+        self.process, self.control = process, ours
+        self.starts += 1
+
+    def stop(self) -> None:
+        """Kill it (its calls die with it: their death signal) and reap it."""
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    async def fork(self, folder: Path) -> _Launched:
+        """A child of the fork server for one call, in `folder`, answered like a launched process."""
+        try:
+            return await self._ask(folder)
+        except (LauncherUnavailable, TimeoutError):
+            # Dead or stuck before it started the call: nothing ran, so start it again
+            # and ask once more.
+            self.stop()
+        try:
+            return await self._ask(folder)
+        except (LauncherUnavailable, TimeoutError):
+            self.stop()
+            raise LauncherUnavailable("the python tools' fork server did not start the call; nothing ran") from None
+
+    async def _ask(self, folder: Path) -> _Launched:
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            self._start(folder)
+        control = self.control
+        assert control is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        # Entered by descriptor: the tools' user may not pass the folders above it.
+        entered = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        environment = json.dumps(_basic_environment(folder)).encode()
+
+        def send(pipes: list[int]) -> None:
+            # Non-blocking: a server that stopped reading is stuck, not waited for.
+            socket.send_fds(control, [environment], [theirs.fileno(), *pipes, entered])
+
+        try:
+            async with asyncio.timeout(FORK_ANSWER_SECONDS):
+                return await _started(ours, send, "the python tools' fork server")
+        finally:
+            theirs.close()
+            os.close(entered)
+
+
+# One per user the calls run as (always one but in tests): each call names its own folder.
+_fork_servers: dict[tuple[int, int] | None, ForkServer] = {}
+
+
+async def _fork(folder: Path, run_as: tuple[int, int] | None) -> _Launched:
+    server = _fork_servers.get(run_as)
+    if server is None:
+        server = _fork_servers[run_as] = ForkServer(run_as)
+    return await server.fork(folder)
 
 
 async def _exchange(process: _Here | _Launched, call: bytes) -> tuple[bytes | None, bytes]:
@@ -478,6 +620,12 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _START = (
     f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from services.tool_executor.tool_process import main; main()"
 )
+
+
+_SERVE = (
+    f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from services.tool_executor.tool_process import serve; serve()"
+)
+_SERVE_WITH_SITE = "from services.tool_executor.tool_process import serve; serve()"
 
 
 def _import_path() -> list[str]:

@@ -61,9 +61,33 @@ def service_cpu(deployment: Deployment) -> dict[str, float]:
 
 
 def children_cpu(deployment: Deployment) -> float:
-    """What the services' ended children cost: the executor's python tool processes (one per
-    call, a Python interpreter each), which their parents' own figures leave out."""
-    return sum(process_cpu(p.pid, children=True) or 0.0 for p in deployment.processes.values())
+    """What the services' children cost, which their parents' own figures leave out: the
+    executor's python tool processes (one per call) and its fork server. The ended ones as
+    their parents' cutime + cstime; the live ones (a fork server lives as long as the
+    executor) as their own CPU and their own reaped children's (the calls it forked):
+    when one ends and is reaped, that whole sum moves into its parent's cutime, so the
+    total only grows and a difference between two readings counts everything once."""
+    services = {p.pid for p in deployment.processes.values()}
+    total = sum(process_cpu(pid, children=True) or 0.0 for pid in services)
+    for pid, parent in live_processes():
+        if parent in services:
+            total += (process_cpu(pid) or 0.0) + (process_cpu(pid, children=True) or 0.0)
+    return total
+
+
+def live_processes() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        found.append((int(entry), int(data[data.rindex(")") + 2:].split()[1])))
+    return found
 
 
 def find_py_spy() -> str | None:

@@ -15,6 +15,14 @@ from shared.catalogue import PythonImplementation, ToolSpec
 from tests.fixture_tools import runs_folder
 
 
+@pytest.fixture(autouse=True, params=["fork-server", "interpreter-per-call"])
+def way(request, monkeypatch):
+    """Every test both ways: forked from the fork server (the default), and started as a
+    fresh interpreter (SIGNOFF_TOOL_FORK_SERVER=0)."""
+    monkeypatch.setenv("SIGNOFF_TOOL_FORK_SERVER", "true" if request.param == "fork-server" else "false")
+    return request.param
+
+
 def spec(function: str, effect: str = "read", timeout: float | None = None) -> ToolSpec:
     implementation = PythonImplementation(function=f"tests.fixture_tools:{function}",
                                           **({"timeout_seconds": timeout} if timeout else {}))

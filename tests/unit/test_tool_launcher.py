@@ -29,13 +29,15 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher switches
 
 
 class Launcher:
-    def __init__(self, base: Path, client: int) -> None:
+    def __init__(self, base: Path, client: int, fork_server: bool = True) -> None:
         self.socket = base / "run" / "launcher.sock"
         self.tools_dir = base / "tools"
+        self.fork_server = fork_server
         self.process = subprocess.Popen(
             [sys.executable, "-m", "services.tool_launcher", "--socket", str(self.socket), "--client", str(client),
              "--tools-dir", str(self.tools_dir)],
-            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "SIGNOFF_TOOL_FORK_SERVER": "true" if fork_server else "false"})
         said = self.process.stdout.readline()
         assert said.startswith("tool-launcher ready"), said + self.process.stdout.read()
 
@@ -44,9 +46,9 @@ class Launcher:
         assert self.process.wait(10) == 0
 
 
-def launcher_for(client: int):
+def launcher_for(client: int, fork_server: bool = True):
     base = Path(tempfile.mkdtemp(prefix="launcher-"))
-    launcher = Launcher(base, client)
+    launcher = Launcher(base, client, fork_server)
     try:
         yield launcher
     finally:
@@ -54,10 +56,11 @@ def launcher_for(client: int):
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-@pytest.fixture(scope="module")
-def launcher():
-    """A launcher that serves this test's own uid (root)."""
-    yield from launcher_for(os.geteuid())
+@pytest.fixture(scope="module", params=["fork-server", "interpreter-per-call"])
+def launcher(request):
+    """A launcher that serves this test's own uid (root): with its fork server (the
+    default), and starting a fresh interpreter per call (SIGNOFF_TOOL_FORK_SERVER=0)."""
+    yield from launcher_for(os.geteuid(), request.param == "fork-server")
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +302,18 @@ async def test_a_launcher_that_refuses_is_an_error_naming_why(nobodys_launcher, 
                             nobodys_launcher.socket)
     assert result.outcome == "error"
     assert result.error.startswith("the tool launcher refused to start the tool: only uid")
+
+
+async def test_through_the_launcher_a_tool_that_kills_its_parent_ends_its_own_call_and_the_next_call_runs(
+        launcher, tmp_path):
+    killed = await run_tool(spec("kills_its_parent"), {}, context(tmp_path), None, launcher.socket)
+    if launcher.fork_server:
+        # Its parent is the fork server, of its own user: the call dies with it.
+        assert (killed.outcome, killed.error) == ("error",
+                                                  "the tool's process answered something that is not JSON (0 bytes)")
+    else:
+        assert (killed.outcome, killed.output) == ("output", "its parent is not of its user")
+    after = await run_tool(spec("reads_its_secret"), {"name": "NONE"}, context(tmp_path), None, launcher.socket)
+    assert after.outcome == "output", after.error
+    assert after.output["uid"] == pwd.getpwnam(TOOLS_USER).pw_uid
+    assert launcher.process.poll() is None, "the launcher died"
