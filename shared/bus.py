@@ -62,24 +62,24 @@ class Acks:
             self.floor += 1
             self.settled.discard(self.floor)
 
-    def frames(self) -> list[tuple[AbstractIncomingMessage, bool]]:
-        """The acks to send for what is ready: (message, multiple). A `multiple` ack
-        reaches only as far as every delivery below it is ready or already settled; a
-        delivery not yet handled (or not yet even seen here) stops it."""
+    def frames(self) -> list[tuple[AbstractIncomingMessage, bool, list[int]]]:
+        """The acks to send for what is ready: (message, multiple, the tags it settles).
+        A `multiple` ack reaches only as far as every delivery below it is ready or
+        already settled; a delivery not yet handled (or not yet even seen here) stops
+        it, and so does one whose ack is still being sent: settled means its frame
+        went out first (`sent`), so no `multiple` ack overtakes a single one it covers."""
         ready, self.ready = self.ready, {}
         reach = self.floor
         while reach + 1 in ready or reach + 1 in self.settled:
             reach += 1
         together = sorted(tag for tag in ready if tag <= reach)
-        frames: list[tuple[AbstractIncomingMessage, bool]] = []
+        frames: list[tuple[AbstractIncomingMessage, bool, list[int]]] = []
         if len(together) > 1:
-            frames.append((ready[together[-1]], True))
+            frames.append((ready[together[-1]], True, together))
             alone = [tag for tag in ready if tag > reach]
         else:
             alone = list(ready)
-        frames.extend((ready[tag], False) for tag in sorted(alone))
-        for tag in ready:
-            self.settle(tag)
+        frames.extend((ready[tag], False, [tag]) for tag in sorted(alone))
         return frames
 
 
@@ -153,8 +153,10 @@ class Bus:
             cancelled = True  # the others' acks are this caller's to send all the same
         acks.sent = None
         try:
-            for each, multiple in acks.frames():
+            for each, multiple, tags in acks.frames():
                 await each.ack(multiple=multiple)
+                for tag in tags:
+                    acks.settle(tag)
         except BaseException as error:
             sent.set_exception(error)
             sent.exception()  # the waiters, if any, raise it; nobody else need read it
@@ -165,8 +167,9 @@ class Bus:
 
     async def nack(self, message: AbstractIncomingMessage) -> None:
         """Give a delivery back to its queue (it is settled here: no `multiple` ack covers it)."""
-        self._acks.setdefault(message.channel, Acks()).settle(message.delivery_tag)  # type: ignore[arg-type]
         await message.nack(requeue=True)
+        # Settled once its frame is out: a `multiple` ack sent before it would ack it.
+        self._acks.setdefault(message.channel, Acks()).settle(message.delivery_tag)  # type: ignore[arg-type]
 
     @property
     def connected(self) -> bool:

@@ -10,8 +10,26 @@ from shared.bus import Bus
 
 
 class Channel:
-    def __init__(self) -> None:
+    """Records the frames; with `slow`, each takes a few turns of the loop to go out."""
+
+    def __init__(self, slow: bool = False) -> None:
         self.frames: list[tuple[str, int, bool]] = []
+        self.slow = slow
+
+    async def send(self, frame: tuple[str, int, bool]) -> None:
+        for _ in range(6 if self.slow else 0):
+            await asyncio.sleep(0)
+        self.frames.append(frame)
+
+
+def as_the_broker_takes(frames: list[tuple[str, int, bool]], delivered: int) -> set[int]:
+    """Apply the frames as RabbitMQ does (a tag it no longer holds unacked closes the
+    channel: PRECONDITION_FAILED, unknown delivery tag); what stays unacked."""
+    unacked = set(range(1, delivered + 1))
+    for kind, tag, multiple in frames:
+        assert tag in unacked, f"{kind} {tag}: unknown delivery tag (frames {frames})"
+        unacked -= {t for t in unacked if t <= tag} if multiple else {tag}
+    return unacked
 
 
 class Delivery:
@@ -20,10 +38,10 @@ class Delivery:
         self.delivery_tag = tag
 
     async def ack(self, multiple: bool = False) -> None:
-        self.channel.frames.append(("ack", self.delivery_tag, multiple))
+        await self.channel.send(("ack", self.delivery_tag, multiple))
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
-        self.channel.frames.append(("nack", self.delivery_tag, multiple))
+        await self.channel.send(("nack", self.delivery_tag, multiple))
 
 
 def bus() -> Bus:
@@ -62,3 +80,17 @@ async def test_the_channel_a_reconnect_opens_numbers_its_deliveries_afresh():
     await the_bus.ack(Delivery(new, 2))  # type: ignore[arg-type]
     assert old.frames == [("ack", 2, True)]
     assert new.frames == [("ack", 2, False)]
+
+
+async def test_a_multiple_ack_never_overtakes_an_ack_still_being_sent_that_it_would_cover():
+    the_bus, channel = bus(), Channel(slow=True)
+    d = {tag: Delivery(channel, tag) for tag in range(1, 6)}
+
+    async def a_turn_later(*tags: int) -> None:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await asyncio.gather(*(the_bus.ack(d[tag]) for tag in tags))  # type: ignore[arg-type]
+
+    # 1 and 3 go out one by one (2 still handled); 2 and 4 are acked while they do.
+    await asyncio.gather(*(the_bus.ack(d[tag]) for tag in (1, 3)), a_turn_later(2, 4), the_bus.nack(d[5]))  # type: ignore[arg-type]
+    assert as_the_broker_takes(channel.frames, delivered=5) == set()
