@@ -926,7 +926,8 @@ MUTATIONS = [
    "        ready, self.ready = self.ready, {}\n",
    "        ready, self.ready = self.ready, {}\n        for tag in ready:\n            self.settle(tag)\n",
    "tests/unit/test_batched_acks.py::test_a_multiple_ack_never_overtakes_an_ack_still_being_sent_that_it_would_cover"),
-] A failure of these kinds says the revert broke the tree (an import, a name, a
+]
+# A failure of these kinds says the revert broke the tree (an import, a name, a
 # fixture), not that a test saw the invariant broken: it is not counted as caught.
 BROKEN_TREE = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "NameError")
 
