@@ -15,21 +15,12 @@ delivery goes straight to its `Inbound`, which decodes, handles and acks it.
 Consuming and publishing use a channel each, so a publish the broker refuses
 (which closes its channel) never takes the consumers and their unacked
 deliveries with it.
-
-Acks asked for in the same turn of the event loop go out as one `multiple` ack
-where that covers exactly them (`Acks`): the ledger's group commit answers every
-caller of a group at once, after its one COMMIT, so a group's deliveries are acked
-together. A `multiple` ack acks every unacked delivery of the channel up to its
-tag, whichever queue or ledger lane it came from, so it is sent only up to a tag
-below which every delivery was acked by its own handler (or nacked); any other ack
-goes out alone, at once. No ack waits for another delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -42,45 +33,6 @@ from shared.amqp_hosts import connect_robust
 log = logging.getLogger("signoff.broker")
 
 Consumer = Callable[[AbstractIncomingMessage], Awaitable[None]]
-
-
-class Acks:
-    """The settled deliveries of one channel (AMQP numbers a channel's deliveries 1, 2,
-    3, … in the order it sends them), to tell how far one `multiple` ack may reach."""
-
-    def __init__(self) -> None:
-        # Every delivery up to `floor` is settled; `settled` holds the ones above it.
-        self.floor = 0
-        self.settled: set[int] = set()
-        # Acks asked for in this turn of the loop, by delivery tag.
-        self.ready: dict[int, AbstractIncomingMessage] = {}
-        self.sent: asyncio.Future[None] | None = None
-
-    def settle(self, tag: int) -> None:
-        self.settled.add(tag)
-        while self.floor + 1 in self.settled:
-            self.floor += 1
-            self.settled.discard(self.floor)
-
-    def frames(self) -> list[tuple[AbstractIncomingMessage, bool, list[int]]]:
-        """The acks to send for what is ready: (message, multiple, the tags it settles).
-        A `multiple` ack reaches only as far as every delivery below it is ready or
-        already settled; a delivery not yet handled (or not yet even seen here) stops
-        it, and so does one whose ack is still being sent: settled means its frame
-        went out first (`sent`), so no `multiple` ack overtakes a single one it covers."""
-        ready, self.ready = self.ready, {}
-        reach = self.floor
-        while reach + 1 in ready or reach + 1 in self.settled:
-            reach += 1
-        together = sorted(tag for tag in ready if tag <= reach)
-        frames: list[tuple[AbstractIncomingMessage, bool, list[int]]] = []
-        if len(together) > 1:
-            frames.append((ready[together[-1]], True, together))
-            alone = [tag for tag in ready if tag > reach]
-        else:
-            alone = list(ready)
-        frames.extend((ready[tag], False, [tag]) for tag in sorted(alone))
-        return frames
 
 
 class Bus:
@@ -97,8 +49,6 @@ class Bus:
         self._handling: set[asyncio.Task[None]] = set()
         self._queues: list[tuple[Any, str]] = []
         self._stopping = False
-        # By the (aiormq) channel a delivery came on: a reconnect's new channel starts afresh.
-        self._acks: weakref.WeakKeyDictionary[Any, Acks] = weakref.WeakKeyDictionary()
 
     def consume(self, queue: str, handle: Consumer) -> None:
         """Hand each delivery of `queue` to `handle` once started (several at once, up
@@ -135,41 +85,6 @@ class Bus:
                 self._handling.discard(task)
 
         return delivered
-
-    async def ack(self, message: AbstractIncomingMessage) -> None:
-        """Ack a delivery whose effect is durable, together with the others acked in
-        this turn of the loop where one `multiple` ack covers exactly them."""
-        acks = self._acks.setdefault(message.channel, Acks())
-        acks.ready[message.delivery_tag] = message  # type: ignore[index]
-        if acks.sent is not None:
-            await asyncio.shield(acks.sent)  # the first in this turn sends them all
-            return
-        sent = acks.sent = asyncio.get_running_loop().create_future()
-        cancelled = False
-        try:
-            # One turn: the other callers a group commit answered at once ask now.
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            cancelled = True  # the others' acks are this caller's to send all the same
-        acks.sent = None
-        try:
-            for each, multiple, tags in acks.frames():
-                await each.ack(multiple=multiple)
-                for tag in tags:
-                    acks.settle(tag)
-        except BaseException as error:
-            sent.set_exception(error)
-            sent.exception()  # the waiters, if any, raise it; nobody else need read it
-            raise
-        sent.set_result(None)
-        if cancelled:
-            raise asyncio.CancelledError
-
-    async def nack(self, message: AbstractIncomingMessage) -> None:
-        """Give a delivery back to its queue (it is settled here: no `multiple` ack covers it)."""
-        await message.nack(requeue=True)
-        # Settled once its frame is out: a `multiple` ack sent before it would ack it.
-        self._acks.setdefault(message.channel, Acks()).settle(message.delivery_tag)  # type: ignore[arg-type]
 
     @property
     def connected(self) -> bool:

@@ -157,9 +157,9 @@ class Inbound:
                 self._failures[message.message_id] = delivered_before + 1
             # A short pause keeps a dead database from turning into a hot loop.
             await asyncio.sleep(0.5)
-            await self.bus.nack(raw)
+            await raw.nack(requeue=True)
             return "retried"
-        await self.bus.ack(raw)
+        await raw.ack()
         self._failures.pop(message.message_id, None)
         return "handled"
 
@@ -220,7 +220,7 @@ class Inbound:
                 PARKED_AT_HEADER: now().isoformat(timespec="seconds"),
             },
         )
-        await self.bus.ack(raw)
+        await raw.ack()
 
 
 def delivered_id(raw: AbstractIncomingMessage) -> str:

@@ -161,9 +161,9 @@ class Runtime:
             except Exception:
                 log.exception("handling a parked message's copy failed; it will be redelivered")
                 await asyncio.sleep(0.5)
-                await self.bus.nack(message)
+                await message.nack(requeue=True)
                 return
-            await self.bus.ack(message)
+            await message.ack()
             kind = parked.message_type if parked.message_type in PARKED_TYPES else "unreadable"
             DEAD_LETTERS.labels(kind, bounded(parked.reason)).inc()
 

@@ -917,15 +917,6 @@ MUTATIONS = [
    "        self._connection = await connect_robust(self.url)\n",
    "        self._connection = await aio_pika.connect(self.url)  # type: ignore[assignment]\n",
    "tests/integration/test_reconnecting.py::test_services_whose_connections_are_closed_mid_call_reconnect_consume_again_and_finish_it_once"),
-  ("a multiple ack reaches deliveries still being handled (issue 25, shared/bus.py)", "shared/bus.py",
-   "        reach = self.floor\n        while reach + 1 in ready or reach + 1 in self.settled:\n            reach += 1\n",
-   "        reach = max(ready, default=self.floor)\n",
-   "tests/unit/test_batched_acks.py::test_a_multiple_ack_never_reaches_a_delivery_its_handler_has_not_acked"),
-  ("a delivery counted as acked before its ack frame went out, so a later multiple ack overtakes it (issue 25, shared/bus.py)",
-   "shared/bus.py",
-   "        ready, self.ready = self.ready, {}\n",
-   "        ready, self.ready = self.ready, {}\n        for tag in ready:\n            self.settle(tag)\n",
-   "tests/unit/test_batched_acks.py::test_a_multiple_ack_never_overtakes_an_ack_still_being_sent_that_it_would_cover"),
 ]
 # A failure of these kinds says the revert broke the tree (an import, a name, a
 # fixture), not that a test saw the invariant broken: it is not counted as caught.
