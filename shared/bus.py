@@ -48,6 +48,7 @@ class Bus:
         self._exchanges: dict[str, AbstractExchange] = {}
         self._handling: set[asyncio.Task[None]] = set()
         self._queues: list[tuple[Any, str]] = []
+        self._started = False
         self._stopping = False
 
     def consume(self, queue: str, handle: Consumer) -> None:
@@ -71,6 +72,7 @@ class Bus:
             queue = await self._consuming.declare_queue(name, passive=True)
             tag = await queue.consume(self._delivery(handle))
             self._queues.append((queue, tag))
+        self._started = True
 
     def _delivery(self, handle: Consumer) -> Consumer:
         async def delivered(message: AbstractIncomingMessage) -> None:
@@ -88,8 +90,13 @@ class Bus:
 
     @property
     def connected(self) -> bool:
-        """Open (consuming: a robust connection restores its consumers when it reconnects)."""
-        return self._connection is not None and self._connection.connected.is_set() and not self._stopping
+        """Open and consuming (a robust connection restores its consumers when it reconnects)."""
+        return (
+            self._started
+            and not self._stopping
+            and self._connection is not None
+            and self._connection.connected.is_set()
+        )
 
     async def publish(
         self,
