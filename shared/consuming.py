@@ -16,14 +16,17 @@ import asyncio
 import logging
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitMessage
+from aio_pika.abc import AbstractIncomingMessage
+from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
 from pydantic import TypeAdapter, ValidationError
 
 from shared import logs
+from shared.bus import Bus
 from shared.dead_letters import (
     CONSUMER_HEADER,
     DELIVERY_LIMIT,
@@ -64,7 +67,7 @@ class Inbound:
         self,
         *,
         consumer: str,
-        broker: RabbitBroker,
+        bus: Bus,
         topology: Topology,
         max_bytes: int,
         user_id: str,
@@ -75,7 +78,7 @@ class Inbound:
         self.message_type = message_type
         self._handling = MESSAGE_HANDLING.labels(consumer, message_type)
         self.user_id = user_id
-        self.broker = broker
+        self.bus = bus
         self.topology = topology
         self.max_bytes = max_bytes
         # Failed deliveries by message id, where the queue counts none (a classic queue
@@ -86,7 +89,7 @@ class Inbound:
 
     async def receive(
         self,
-        raw: RabbitMessage,
+        raw: AbstractIncomingMessage,
         adapter: TypeAdapter[Any],
         handle: Callable[[Any], Awaitable[None]],
     ) -> None:
@@ -97,21 +100,22 @@ class Inbound:
 
     async def _receive(
         self,
-        raw: RabbitMessage,
+        raw: AbstractIncomingMessage,
         adapter: TypeAdapter[Any],
         handle: Callable[[Any], Awaitable[None]],
     ) -> str:
         """Handle one delivery; what became of it: handled, dead_lettered or retried."""
         body: bytes = raw.body
         # Each line logged from here on names the message (shared/logs.py): its id until it is read.
-        logs.concerning(message_id=raw.message_id)
+        delivery = delivered_id(raw)
+        logs.concerning(message_id=delivery)
         if len(body) > self.max_bytes:
             await self.dead_letter(raw, "oversized", f"{len(body)} bytes; the limit is {self.max_bytes}")
             return "dead_lettered"
         try:
             message = adapter.validate_json(body)
         except ValidationError as error:
-            logs.concerning_raw(raw.message_id, body)
+            logs.concerning_raw(delivery, body)
             await self.dead_letter(raw, "invalid", _describe(error))
             return "dead_lettered"
         if "message_id" not in message.model_fields_set:
@@ -121,9 +125,10 @@ class Inbound:
             return "dead_lettered"
         logs.concerning(message)
         counted = (raw.headers or {}).get("x-delivery-count")
-        delivered_before = int(counted) if counted is not None else self._failures.get(message.message_id, 0)
+        # RabbitMQ sets it as an integer (a quorum queue's count); aio-pika types headers loosely.
+        delivered_before = int(counted) if counted is not None else self._failures.get(message.message_id, 0)  # type: ignore[arg-type]
         previous_deliveries.set(delivered_before)
-        sender.set(raw.raw_message.user_id)
+        sender.set(raw.user_id)
         try:
             await self._handle_through_outages(message, handle)
         except asyncio.CancelledError:
@@ -188,7 +193,7 @@ class Inbound:
                 await asyncio.sleep(pause)
                 pause = min(5.0, pause * 2)
 
-    async def dead_letter(self, raw: RabbitMessage, code: str, detail: str) -> None:
+    async def dead_letter(self, raw: AbstractIncomingMessage, code: str, detail: str) -> None:
         """Park a message with its reason, then ack it: nothing lost, nothing blocked.
         What is parked is the reason and the headers, and the body redacted: a call's
         arguments hidden, known secrets and credential shapes hidden everywhere else
@@ -197,24 +202,31 @@ class Inbound:
         the ledger and a replay can tell it from one anybody else put on the dead path
         (shared/dead_letters.py `proven_sender`)."""
         detail = redact_text(detail)
-        log.warning("%s: dead-lettering %s: %s: %s", self.consumer, raw.message_id, code, detail)
+        # Without an AMQP id: the one this delivery's log lines named (made for it on receipt).
+        message_id = raw.message_id or (logs.handling.get() or {}).get("message_id") or delivered_id(raw)
+        log.warning("%s: dead-lettering %s: %s: %s", self.consumer, message_id, code, detail)
         MESSAGES_DEAD_LETTERED.labels(self.consumer, self.message_type, code).inc()
-        await self.broker.publish(
+        await self.bus.publish(
             redact_message_body(raw.body),
-            exchange=self.topology.dead,
+            exchange=self.topology.dead.name,
             routing_key=code,
-            persist=True,
-            message_id=raw.message_id or None,
+            message_id=message_id,
             user_id=self.user_id,
             headers={
                 REASON_HEADER: code,
                 DETAIL_HEADER: detail[:2000],
                 CONSUMER_HEADER: self.consumer,
-                SENDER_HEADER: raw.raw_message.user_id or "",
+                SENDER_HEADER: raw.user_id or "",
                 PARKED_AT_HEADER: now().isoformat(timespec="seconds"),
             },
         )
         await raw.ack()
+
+
+def delivered_id(raw: AbstractIncomingMessage) -> str:
+    """The delivery's AMQP message id, or one made for it (as FastStream made one) when it
+    carries none: it names the delivery in log lines and its parked copy, nothing else."""
+    return raw.message_id or uuid.uuid4().hex
 
 
 def is_outage(error: BaseException) -> bool:
@@ -314,6 +326,20 @@ async def publish(broker: RabbitBroker, topology: Topology, message: Envelope, *
         message_id=message.message_id,
         content_type="application/json",
         mandatory=False,
+        user_id=user_id,
+    )
+    MESSAGES_PUBLISHED.labels(message.type).inc()
+
+
+async def send(bus: Bus, topology: Topology, message: Envelope, *, user_id: str) -> None:
+    """`publish` on a service's own `Bus` (shared/bus.py): persistent, as `user_id`, confirmed."""
+    exchange, routing_key = topology.route(message)
+    await bus.publish(
+        encode(message),
+        exchange=exchange,
+        routing_key=routing_key,
+        message_id=message.message_id,
+        content_type="application/json",
         user_id=user_id,
     )
     MESSAGES_PUBLISHED.labels(message.type).inc()

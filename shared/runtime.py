@@ -16,16 +16,15 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from faststream import AckPolicy
-from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitQueue
-from faststream.rabbit.schemas import Channel
+from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
 from shared import faults, logs
-from shared.amqp_hosts import failover_broker, hosts_of, split_hosts
-from shared.consuming import Inbound
+from shared.amqp_hosts import hosts_of, split_hosts
+from shared.bus import Bus
+from shared.consuming import Inbound, delivered_id, send
 from shared.dead_letters import ParkedMessage, describe
-from shared.messages import EVENT_TYPES
+from shared.messages import EVENT_TYPES, Envelope
 from shared.observability import DEAD_LETTERS, Health, bounded
 from shared.settings import Settings
 from shared.topology import COMMAND_TYPES, Topology
@@ -87,20 +86,9 @@ class Runtime:
         self.topology = Topology(settings.namespace, settings.delivery_limit, settings.queue_type)
         # Its own broker identity: RabbitMQ lets it write only its own exchange.
         self.amqp_url, self.user = settings.amqp_login(name)
-        self.broker = RabbitBroker(
-            split_hosts(self.amqp_url)[0],
-            default_channel=Channel(prefetch_count=settings.prefetch),
-            log_level=logging.DEBUG,
-            # Ours, not FastStream's own (which prints plain text to stdout): its lines are JSON like the rest.
-            logger=logging.getLogger("signoff.broker"),
-            graceful_timeout=10,
-            # Handlers take the message itself (`_the_message_itself`), never injected
-            # arguments: without this, FastDepends resolved each call's signature per
-            # message (~7 % of the ledger's busy samples at 64 sessions, profiled).
-            apply_types=False,
-        )
-        # Several hosts (a cluster's nodes): it connects to any and reconnects to the next.
-        failover_broker(self.broker, self.amqp_url)
+        # Consumers and publishes on aio-pika directly (shared/bus.py): its robust connection
+        # reconnects to any node of the URL and restores each consumer and its prefetch.
+        self.bus = Bus(self.amqp_url, prefetch=settings.prefetch)
         self._redis: Redis | None = None
         # /metrics, /healthz, /readyz; each service adds what it needs beyond the broker.
         self.health = Health(name)
@@ -112,7 +100,7 @@ class Runtime:
 
     async def _broker_connected(self) -> bool:
         # Open, consuming (a robust connection restores its consumers when it reconnects) and started.
-        return self.broker.running and await self.broker.ping(timeout=1.0)
+        return self.bus.connected
 
     @property
     def redis(self) -> Redis:
@@ -134,11 +122,15 @@ class Runtime:
         return Inbound(
             consumer=consumer,
             message_type=message_type,
-            broker=self.broker,
+            bus=self.bus,
             topology=self.topology,
             max_bytes=self.settings.max_message_bytes,
             user_id=self.user,
         )
+
+    async def publish(self, message: Envelope) -> None:
+        """Publish one message as this service (its own exchange), confirmed by the broker."""
+        await send(self.bus, self.topology, message, user_id=self.user)
 
     def consume(
         self,
@@ -149,27 +141,22 @@ class Runtime:
         """Subscribe one handler to the queue of one inbound message type."""
         inbound = self.inbound(self.name, message_type=message_type)
 
-        @self.broker.subscriber(
-            _declared_by_setup(self.topology.inbound_queue(message_type)),
-            ack_policy=AckPolicy.MANUAL,
-            decoder=_the_message_itself,
-        )
-        async def entrypoint(message) -> None:
+        async def entrypoint(message: AbstractIncomingMessage) -> None:
             await inbound.receive(message, adapter, handle)
+
+        self.bus.consume(self.topology.inbound_queue(message_type).name, entrypoint)
 
     def consume_parked(self, handle: Callable[[ParkedMessage], Awaitable[None]]) -> None:
         """Subscribe to the copies of parked messages (the ledger's). Acked once handled;
         a failure is retried up to the delivery limit, then the copy is dropped (the
         original stays parked, listed by `signoff dead-letters`)."""
 
-        @self.broker.subscriber(
-            _declared_by_setup(self.topology.parked_queue), ack_policy=AckPolicy.MANUAL, decoder=_the_message_itself
-        )
-        async def entrypoint(message) -> None:
+        async def entrypoint(message: AbstractIncomingMessage) -> None:
+            message_id = delivered_id(message)
             # Its lines name what the parked body says it is, its session included.
-            logs.concerning_raw(message.message_id, message.body)
+            logs.concerning_raw(message_id, message.body)
             try:
-                parked = describe(message.message_id, message.body, message.headers, message.raw_message.user_id)
+                parked = describe(message_id, message.body, message.headers, message.user_id)
                 await handle(parked)
             except Exception:
                 log.exception("handling a parked message's copy failed; it will be redelivered")
@@ -179,6 +166,8 @@ class Runtime:
             await message.ack()
             kind = parked.message_type if parked.message_type in PARKED_TYPES else "unreadable"
             DEAD_LETTERS.labels(kind, bounded(parked.reason)).inc()
+
+        self.bus.consume(self.topology.parked_queue.name, entrypoint)
 
     async def serve(self, background: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Connect, consume until told to stop. The topology is `signoff setup`'s to declare."""
@@ -191,12 +180,12 @@ class Runtime:
             await self.expose()
             stack.push_async_callback(self.health.stop)
             try:
-                await self.broker.connect()
+                await self.bus.connect()
             except Exception as error:
                 raise Unreachable("RabbitMQ", address(self.settings.rabbitmq_url), error) from None
-            stack.push_async_callback(self.broker.stop)
+            stack.push_async_callback(self.bus.stop)
             stack.push_async_callback(self._close_redis)
-            await self.broker.start()
+            await self.bus.start()
             task = asyncio.create_task(background()) if background else None
             log.info("%s ready (namespace %s)", self.name, self.settings.namespace)
             waiter = asyncio.create_task(stop.wait())
@@ -219,21 +208,6 @@ class Runtime:
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps({**counts, "written_at": time.time()}))
         partial.replace(path)
-
-
-def _declared_by_setup(queue: RabbitQueue) -> RabbitQueue:
-    """The queue as `signoff setup` declared and bound it: the service only looks it up
-    (a passive declare) and consumes. Given an exchange, or left to declare, FastStream
-    would declare the queue and bind it to the exchange, which needs configure on the
-    queue and read on the exchange: permissions no service holds (Topology.permissions)."""
-    return RabbitQueue(queue.name, declare=False)
-
-
-async def _the_message_itself(message: RabbitMessage) -> RabbitMessage:
-    # Hands the handler the message as its body: the usual `message: RabbitMessage`
-    # context parameter costs a worker-thread hop per message, and Inbound
-    # validates the body itself (with its own rejection answers) anyway.
-    return message
 
 
 def prepare(settings: Settings, name: str) -> Runtime:

@@ -6,7 +6,6 @@ from functools import partial
 
 from pydantic import TypeAdapter
 
-from shared.consuming import publish
 from shared.ledger.database import create_engine, migrate
 from shared.ledger.transcripts import LedgerTranscripts
 from shared.messages import RequestModelStep
@@ -27,7 +26,7 @@ async def run(settings: Settings) -> None:
     # Its own role, which may only read the transcript: steps name it, the ledger holds it.
     engine = create_engine(settings, identity="model-step", pool_size=4)
     await migrate(engine, settings)
-    report = partial(publish, runtime.broker, runtime.topology, user_id=runtime.user)
+    report = runtime.publish
     handle = partial(
         request_model_step, providers, LedgerTranscripts(engine), report, max_bytes=settings.max_message_bytes
     )

@@ -14,7 +14,6 @@ from pydantic import TypeAdapter
 
 from shared import keyring, redaction
 from shared.catalogue import load_catalogue
-from shared.consuming import publish
 from shared.ledger.claims import heartbeat_engine
 from shared.ledger.database import create_engine, database_reachable, migrate
 from shared.messages import ExecuteTool
@@ -74,7 +73,7 @@ async def run(settings: Settings) -> None:
             catalogue=catalogue,
             claims=Claims(engine, holder, settings.claim_lease_seconds, ledger_key, heartbeat),
             http=http,
-            report=partial(publish, runtime.broker, runtime.topology, user_id=runtime.user),
+            report=runtime.publish,
             data_dir=tool_data_dir(settings.data_dir.resolve()),
             leases=Leases(runtime.redis, settings.namespace, holder, settings.claim_lease_seconds),
             ledger_key=ledger_key,
