@@ -942,9 +942,14 @@ MUTATIONS = [
   # Issue 25, the relay's poll (docs/notes/pubsql.md): it starts at the first unsent row.
   ("the relay's poll reads every unsent-index entry of the outbox's history (no first-unsent bound)",
    "shared/ledger/outbox_relay.py",
-   "        OUTBOX.c.id >= select(func.min(_UNSENT_ROWS.c.id)).where(_UNSENT_ROWS.c.sent_at.is_(None)).scalar_subquery(),\n",
+   "        from_the_first_unsent(),\n",
    "",
    "tests/integration/test_relay_poll.py::test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows"),
+  ("the backlog gauge counts the unsent rows over every entry of the outbox's history (no first-unsent bound)",
+   "shared/ledger/backlog.py",
+   ".where(OUTBOX.c.sent_at.is_(None), from_the_first_unsent())",
+   ".where(OUTBOX.c.sent_at.is_(None))",
+   "tests/integration/test_relay_poll.py::test_the_backlog_gauge_counts_the_unsent_rows_from_the_first_unsent_one"),
   # The python tools' fork server (docs/design.md, "A process per python call costs time").
   ("the fork server starts with the executor's whole environment", "services/tool_executor/tools.py",
    "                env={**_basic_environment(folder), **handed},\n",

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.ledger.tables import TABLES
+from shared.ledger.tables import TABLES, from_the_first_unsent
 from shared.observability import tool_label
 
 REQUESTS = TABLES["approval_requests"]
@@ -52,7 +52,8 @@ def _head(column):
 
 
 _HEADS = select(_head(_waiting.c.created_at), _head(_waiting.c.expires_at))
-_UNSENT = select(func.count(), func.min(OUTBOX.c.created_at)).where(OUTBOX.c.sent_at.is_(None))
+# From the first unsent row on, as the relay reads: the count walks no entry of the relayed history.
+_UNSENT = select(func.count(), func.min(OUTBOX.c.created_at)).where(OUTBOX.c.sent_at.is_(None), from_the_first_unsent())
 _UNDELIVERED = (
     select(HOOKS.c.hook, func.count(), func.min(HOOKS.c.created_at))
     .where(HOOKS.c.delivered_at.is_(None), HOOKS.c.given_up_at.is_(None))

@@ -7,16 +7,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.ledger import driver
 from shared.ledger.database import STATEMENT_COUNTS
 from shared.ledger.leadership import EPOCH, LEADER_ROW
-from shared.ledger.tables import TABLES
+from shared.ledger.tables import TABLES, from_the_first_unsent
 
 OUTBOX = TABLES["outbox"]
-_UNSENT_ROWS = OUTBOX.alias("unsent")
 # Built once: the relay runs them for every batch.
 _UNSENT = (
     select(
@@ -32,15 +31,8 @@ _UNSENT = (
     )
     .where(
         OUTBOX.c.sent_at.is_(None),
-        # Always true of an unsent row, so the rows read are the same; it makes the read
-        # start at the first unsent row. Every row is inserted unsent and then marked
-        # sent, so with autovacuum behind, the unsent indexes keep an entry for each row
-        # relayed since the last VACUUM: read as a bitmap (what the planner picks with no
-        # statistics), every poll visited all of them and their heap blocks. The min()
-        # is an index-only scan of `ix_outbox_unsent_id` (migration 0016), which marks
-        # those entries dead once it has seen them, and the bitmap then reads from the
-        # first unsent id on (docs/performance.md, "The relay's poll and the outbox's history").
-        OUTBOX.c.id >= select(func.min(_UNSENT_ROWS.c.id)).where(_UNSENT_ROWS.c.sent_at.is_(None)).scalar_subquery(),
+        # The same rows, read from the first unsent one on, not from every entry relayed since the last VACUUM.
+        from_the_first_unsent(),
     )
     .order_by(OUTBOX.c.id)
     .limit(bindparam("batch_size"))

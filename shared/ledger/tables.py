@@ -30,6 +30,8 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    func,
+    select,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -495,3 +497,17 @@ class AuditHead(Base):
 
 
 TABLES = Base.metadata.tables
+
+
+def from_the_first_unsent():
+    """`outbox.id >= (the first unsent id)`: always true of an unsent row, so a read of
+    unsent rows with it finds the same rows. Every row is inserted unsent and then marked
+    sent, so with autovacuum behind, the unsent indexes keep an entry for each row relayed
+    since the last VACUUM; read as a bitmap (what the planner picks with no statistics),
+    every poll visited all of them and their heap blocks. The min() is an index-only scan
+    of `ix_outbox_unsent_id` (migration 0016), which marks those entries dead once it has
+    seen them, and the read then starts at the first unsent id (docs/performance.md, "The
+    relay's poll and the outbox's history"). The relay's poll and the backlog gauge's
+    count both take it."""
+    unsent = TABLES["outbox"].alias("first_unsent")
+    return TABLES["outbox"].c.id >= select(func.min(unsent.c.id)).where(unsent.c.sent_at.is_(None)).scalar_subquery()

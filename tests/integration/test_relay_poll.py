@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from shared.ledger import outbox_relay
+from shared.ledger import backlog, outbox_relay
 from shared.ledger.database import migrate
 
 RELAYED = 20000
 
 
-async def test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows(pg_deployment):
+async def relayed_history_then_three_unsent(pg_deployment) -> None:
+    """RELAYED rows inserted and marked sent (dead entries in the unsent indexes, autovacuum
+    off), then three unsent rows."""
     pg_deployment.setup()
     async with pg_deployment.engine("approval-ledger") as ledger:
         await migrate(ledger, pg_deployment.settings)
@@ -38,18 +40,35 @@ async def test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same
                     " FROM generate_series(1, 3) g"
                 )
             )
+
+
+async def test_the_relays_poll_starts_at_the_first_unsent_row_and_reads_the_same_rows(pg_deployment):
+    await relayed_history_then_three_unsent(pg_deployment)
     async with pg_deployment.engine("publisher") as publisher:
         rows = await outbox_relay.unsent(publisher, 500)
         assert [r.message_id for r in rows] == ["new_1", "new_2", "new_3"]
-        compiled = outbox_relay._UNSENT.compile(dialect=publisher.dialect)
-        values = compiled.construct_params({"batch_size": 500})
-        async with publisher.connect() as conn:
-            found = (
-                await conn.exec_driver_sql(
-                    "EXPLAIN " + str(compiled), tuple(values[name] for name in compiled.positiontup)
-                )
-            ).all()
-    poll = "\n".join(row[0] for row in found)
+        poll = await plan_of(publisher, outbox_relay._UNSENT, batch_size=500)
     # The head of the unsent ids, then only the entries from there on.
     assert "Index Only Scan using ix_outbox_unsent_id" in poll, poll
     assert "id >= " in poll, poll
+
+
+async def plan_of(engine, statement, **params) -> str:
+    compiled = statement.compile(dialect=engine.dialect)
+    values = compiled.construct_params(params)
+    async with engine.connect() as conn:
+        found = (
+            await conn.exec_driver_sql("EXPLAIN " + str(compiled), tuple(values[name] for name in compiled.positiontup))
+        ).all()
+    return "\n".join(row[0] for row in found)
+
+
+async def test_the_backlog_gauge_counts_the_unsent_rows_from_the_first_unsent_one(pg_deployment):
+    # The gauge reads every few seconds: over the relayed history it walked every dead entry too.
+    await relayed_history_then_three_unsent(pg_deployment)
+    async with pg_deployment.engine("approval-ledger") as ledger:
+        measured = await backlog.measure(ledger)
+        assert measured.unsent == 3
+        count = await plan_of(ledger, backlog._UNSENT)
+    assert "Index Only Scan using ix_outbox_unsent_id" in count, count
+    assert "id >= " in count, count
