@@ -220,6 +220,10 @@ class LedgerStore(ABC):
         self._settled: list[str | None] = []
         # The messages this transaction answers with message.rejected (each logs its own line).
         self.rejected: set[str] = set()
+        # Reads of this transition that an earlier statement of it carried (a database
+        # adapter's: `call_and_siblings` reads the claim and the turn's spend too), by
+        # what they answer; taken once, gone when the transition ends.
+        self._carried: dict[tuple[str, ...], Any] = {}
 
     # -- the transaction -------------------------------------------------------------
 
@@ -264,6 +268,7 @@ class LedgerStore(ABC):
 
     def _locked(self, state: SessionState | None) -> SessionState | None:
         self._session = state
+        self._carried.clear()
         return state
 
     def _inbox_row(self, message: Envelope) -> dict[str, Any]:
@@ -471,6 +476,7 @@ class LedgerStore(ABC):
         await self.flush(final=True)
         self._settled.append(self._tag)
         self._session = None
+        self._carried.clear()
         self._tag = None
 
     async def commit(self) -> None:
