@@ -291,11 +291,12 @@ class LedgerStore(ABC):
 
     @abstractmethod
     async def request_and_calls(
-        self, request_id: str, session_id: str, responder: str
+        self, request_id: str, session_id: str, responder: str, *, response_id: str | None = None
     ) -> tuple[RequestOnRecord | None, StepCalls]:
         """The request as `responder` answers it (whether they approved it already), its
         call and the other calls of its step; whether the session waits on a request
-        other than this one."""
+        other than this one. `response_id`: the response at hand, whose `response_used`
+        a database adapter reads in the same statement, for the transition to ask next."""
 
     @abstractmethod
     async def due_requests(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:

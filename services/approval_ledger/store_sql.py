@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, select, text, union_all
+from sqlalchemy import Connection, Row, bindparam, func, or_, select, text, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.ledger.database import insert_unless_present
@@ -239,7 +239,14 @@ _REQUEST_AND_CALLS = (
     .where(_request.c.id == bindparam("request_id"))
     .order_by(TOOL_CALLS.c.position)
 )
-
+# The same, and whether the response at hand was used before (`_RESPONSE_USED`), carried
+# for the transition's next read: one round trip fewer per approval.
+_REQUEST_AND_CALLS_AND_RESPONSE = _REQUEST_AND_CALLS.add_columns(
+    or_(
+        select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")).exists(),
+        select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")).exists(),
+    ).label("response_used")
+)
 
 _ATTEMPTS = TABLES["provider_attempts"]
 _OF_TURN = (STEPS.c.session_id == bindparam("session_id"), STEPS.c.turn_id == bindparam("turn_id"))
@@ -382,13 +389,19 @@ class DatabaseStore(LedgerStore):
         return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
 
     async def request_and_calls(
-        self, request_id: str, session_id: str, responder: str
+        self, request_id: str, session_id: str, responder: str, *, response_id: str | None = None
     ) -> tuple[RequestOnRecord | None, StepCalls]:
         parameters = {"request_id": request_id, "session_id": session_id, "responder": responder}
-        rows = await self.read(_REQUEST_AND_CALLS, parameters)
+        if response_id is not None:
+            parameters["response_id"] = response_id
+        rows = await self.read(
+            _REQUEST_AND_CALLS if response_id is None else _REQUEST_AND_CALLS_AND_RESPONSE, parameters
+        )
         if not rows:
             return None, StepCalls([], False)
         first = rows[0]
+        if response_id is not None:
+            self._carried[("response_used", response_id)] = bool(first.response_used)
         request = RequestOnRecord(
             first.request_id,
             first.request_session_id,
@@ -438,6 +451,9 @@ class DatabaseStore(LedgerStore):
         return [(row.tool, row.escalated_at is not None) for row in rows]
 
     async def response_used(self, response_id: str) -> bool:
+        carried = self._carried.pop(("response_used", response_id), None)
+        if carried is not None:
+            return carried
         return bool(await self.read(_RESPONSE_USED, {"response_id": response_id}))
 
     async def pending_request_ids(self, session_id: str) -> list[str]:

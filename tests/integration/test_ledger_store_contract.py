@@ -351,6 +351,25 @@ async def test_the_claim_and_turn_spend_a_call_read_carries_are_the_ones_read_al
             assert await store.claim(call_id, lock=True) == claimed
 
 
+async def test_whether_a_response_was_used_as_a_request_read_carries_it_is_as_read_alone(stores):
+    seed = await seeded(stores)
+    session_id = seed["session_id"]
+    for request_id, response_id, used in (("apr_a", "rsp_a", True), ("apr_a", "rsp_b", True), ("apr_a", "rsp_new", False)):
+        async with stores() as store:
+            await store.lock_session(session_id)
+            request, _ = await store.request_and_calls(request_id, session_id, "alice", response_id=response_id)
+            assert request is not None and request.id == request_id
+            assert await store.response_used(response_id) is used
+            # Asked again it reads alone, and answers the same.
+            assert await store.response_used(response_id) is used
+    async with stores() as store:
+        await store.lock_session(session_id)
+        assert await store.request_and_calls("apr_none", session_id, "alice", response_id="rsp_a") == (
+            None, await store.call_and_siblings("call_none", session_id),
+        )
+        assert await store.response_used("rsp_a") is True
+
+
 async def test_a_later_turn_of_a_session_finds_its_row_as_stored_and_locked(stores):
     session_id = mint("ses")
     await opened(stores, session_id)
