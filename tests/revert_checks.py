@@ -324,8 +324,8 @@ MUTATIONS = [
    "tests/integration/test_queue_types.py::"
    "test_on_classic_queues_a_message_that_fails_on_every_delivery_is_parked_at_the_delivery_limit"),
   ("a duplicate turn in a group commit leaves the session it would open behind", "services/approval_ledger/store_postgres.py",
-   '        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"',
-   '        " ON CONFLICT (id) DO NOTHING)"',
+   '        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING),"',
+   '        " ON CONFLICT (id) DO NOTHING),"',
    "tests/integration/test_group_commit.py::"
    "test_a_duplicate_in_a_group_leaves_nothing_behind_not_even_the_session_its_turn_would_open"),
   ("redaction's fast path skips a credential shape (a JWT alone in a line is logged)", "shared/redaction.py",

@@ -356,8 +356,11 @@ async def _respond_to_approval(
     refused = domain.authenticate_response(response, authority.channels, at=store.now, window=authority.response_window)
     if ledger.check_senders:
         refused = refused or domain.judge_key_channel(response.key_id, _sending_channel(ledger))
+    # The request first: on a database its read carries whether the response was used before.
+    request, step = await store.request_and_calls(
+        response.request_id, response.session_id, response.responder, response_id=response.response_id
+    )
     refused = refused or (domain.REPLAYED if await store.response_used(response.response_id) else None)
-    request, step = await store.request_and_calls(response.request_id, response.session_id, response.responder)
     refused = refused or domain.judge_response(request if session else None, response, at=store.now)
     policy = (
         domain.approval_policy(

@@ -220,6 +220,10 @@ class LedgerStore(ABC):
         self._settled: list[str | None] = []
         # The messages this transaction answers with message.rejected (each logs its own line).
         self.rejected: set[str] = set()
+        # Reads of this transition that an earlier statement of it carried (a database
+        # adapter's: `call_and_siblings` reads the claim and the turn's spend too), by
+        # what they answer; taken once, gone when the transition ends.
+        self._carried: dict[tuple[str, ...], Any] = {}
 
     # -- the transaction -------------------------------------------------------------
 
@@ -264,6 +268,7 @@ class LedgerStore(ABC):
 
     def _locked(self, state: SessionState | None) -> SessionState | None:
         self._session = state
+        self._carried.clear()
         return state
 
     def _inbox_row(self, message: Envelope) -> dict[str, Any]:
@@ -286,11 +291,12 @@ class LedgerStore(ABC):
 
     @abstractmethod
     async def request_and_calls(
-        self, request_id: str, session_id: str, responder: str
+        self, request_id: str, session_id: str, responder: str, *, response_id: str | None = None
     ) -> tuple[RequestOnRecord | None, StepCalls]:
         """The request as `responder` answers it (whether they approved it already), its
         call and the other calls of its step; whether the session waits on a request
-        other than this one."""
+        other than this one. `response_id`: the response at hand, whose `response_used`
+        a database adapter reads in the same statement, for the transition to ask next."""
 
     @abstractmethod
     async def due_requests(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
@@ -471,6 +477,7 @@ class LedgerStore(ABC):
         await self.flush(final=True)
         self._settled.append(self._tag)
         self._session = None
+        self._carried.clear()
         self._tag = None
 
     async def commit(self) -> None:

@@ -254,7 +254,7 @@ class MemoryStore(LedgerStore):
         return StepCalls(calls, bool(calls) and self._waits(session_id))
 
     async def request_and_calls(
-        self, request_id: str, session_id: str, responder: str
+        self, request_id: str, session_id: str, responder: str, *, response_id: str | None = None
     ) -> tuple[RequestOnRecord | None, StepCalls]:
         row = self._tables["approval_requests"].get((request_id,))
         target = self._tables["tool_calls"].get((row["call_id"],)) if row is not None else None

@@ -3,9 +3,10 @@
 The reads are `store_sql.py`'s Core queries, sent straight to asyncpg, in a
 transaction begun on asyncpg itself (`shared/ledger/driver.py`): a fraction of SQLAlchemy's
 execution, which costs more CPU than these small statements take in PostgreSQL.
-Receiving a message is one statement (the inbox row and the session's lock), and
-a transition's writes are one more (`_write_in_one_statement`): two round trips
-besides its reads, which group commit (`group_commit.py`) shares further.
+Receiving a message is one statement (the inbox row and the session's lock; a
+session's first turn two), and a transition's writes are one more
+(`_write_in_one_statement`): two round trips besides its reads, which group commit
+(`group_commit.py`) shares further.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ _RECEIVE_AND_LOCK = {
 }
 # A turn that may open its session: the inbox row, and the session row only if the
 # inbox row went in (a duplicate leaves nothing behind, also inside a group commit,
-# which does not roll back for it); then `_LOCK_SESSION` sees the row.
+# which does not roll back for it); and the session locked, if it was there before
+# this statement (its snapshot): a session this statement creates, or one another
+# transaction created meanwhile, is NULL here, and `_LOCK_SESSION` then sees the row.
+# A turn of a session that exists (all but its first) costs one round trip.
 _RECEIVE_AND_CREATE = {
     notify: text(
         "WITH inbox AS (INSERT INTO inbox (message_id, message_type, session_id, received_at)"
@@ -45,8 +49,9 @@ _RECEIVE_AND_CREATE = {
         + (" RETURNING pg_notify(:channel, ''))," if notify else " RETURNING 1),")
         + " created AS (INSERT INTO sessions (id, status, provider, event_seq, transcript_len, status_reason,"
         " created_at, updated_at) SELECT :session_id, 'idle', :provider, 0, 0, NULL, :received_at, :received_at"
-        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING)"
-        " SELECT count(*) AS fresh FROM inbox"
+        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING),"
+        " locked AS (SELECT * FROM sessions WHERE id = :session_id FOR UPDATE)"
+        " SELECT (SELECT count(*) FROM inbox) AS fresh, locked.* FROM (SELECT 1) AS one LEFT JOIN locked ON true"
     )
     for notify in (False, True)
 }
@@ -162,9 +167,12 @@ class PostgresStore(DatabaseStore):
             parameters["channel"] = self._notify_channel
         if create_with_provider is not None:
             parameters["provider"] = create_with_provider
-            if (await self.read(_RECEIVE_AND_CREATE[notify], parameters))[0].fresh == 0:
+            row = (await self.read(_RECEIVE_AND_CREATE[notify], parameters))[0]
+            if row.fresh == 0:
                 raise Duplicate(message.message_id)
             self._notified = self._notified or notify
+            if row.id is not None:
+                return self._locked(SessionState.of(row))
             locked = await self.read(_LOCK_SESSION, {"session_id": message.session_id})
             return self._locked(SessionState.of(locked[0]) if locked else None)
         row = (await self.read(_RECEIVE_AND_LOCK[notify], parameters))[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, select, text, union_all
+from sqlalchemy import Connection, Row, bindparam, func, or_, select, text, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.ledger.database import insert_unless_present
@@ -131,10 +131,41 @@ _CALL_COLUMNS = (
     DECISIONS.c.responder,
     DECISIONS.c.message,
 )
-# A tool call and the other calls of its step.
+# A tool call and the other calls of its step; and, carried for the rest of the
+# transition (`tool.completed` reads both next), the call's claim as the executor left
+# it and what the step's turn has spent so far: two round trips fewer per report.
+_carried_claim = CLAIMS.alias("carried_claim")
+_spent_step = STEPS.alias("spent_step")
+_spent_attempt = TABLES["provider_attempts"].alias("spent_attempt")
+_OF_CALLS_TURN = (_spent_step.c.session_id == bindparam("session_id"), _spent_step.c.turn_id == STEPS.c.turn_id)
 _CALL_AND_SIBLINGS = (
-    select(*_CALL_COLUMNS, _session_waits())
-    .select_from(_target.join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id))
+    select(
+        *_CALL_COLUMNS,
+        _session_waits(),
+        _carried_claim.c.status.label("claim_status"),
+        _carried_claim.c.outcome.label("claim_outcome"),
+        _carried_claim.c.holder.label("claim_holder"),
+        _carried_claim.c.attempts.label("claim_attempts"),
+        _carried_claim.c.claimed_at.label("claim_claimed_at"),
+        _carried_claim.c.result.label("claim_result"),
+        _carried_claim.c.authorization.label("claim_authorization"),
+        select(func.count()).select_from(_spent_step).where(*_OF_CALLS_TURN).scalar_subquery().label("spent_steps"),
+        select(func.count())
+        .select_from(_spent_attempt.join(_spent_step, _spent_step.c.id == _spent_attempt.c.step_id))
+        .where(*_OF_CALLS_TURN)
+        .scalar_subquery()
+        .label("spent_calls"),
+        select(func.coalesce(func.sum(_spent_attempt.c.input_tokens + _spent_attempt.c.output_tokens), 0))
+        .select_from(_spent_attempt.join(_spent_step, _spent_step.c.id == _spent_attempt.c.step_id))
+        .where(*_OF_CALLS_TURN)
+        .scalar_subquery()
+        .label("spent_tokens"),
+    )
+    .select_from(
+        _target.join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id).outerjoin(
+            _carried_claim, _carried_claim.c.call_id == _target.c.id
+        )
+    )
     .where(_target.c.id == bindparam("call_id"))
     .order_by(TOOL_CALLS.c.position)
 )
@@ -208,7 +239,14 @@ _REQUEST_AND_CALLS = (
     .where(_request.c.id == bindparam("request_id"))
     .order_by(TOOL_CALLS.c.position)
 )
-
+# The same, and whether the response at hand was used before (`_RESPONSE_USED`), carried
+# for the transition's next read: one round trip fewer per approval.
+_REQUEST_AND_CALLS_AND_RESPONSE = _REQUEST_AND_CALLS.add_columns(
+    or_(
+        select(DECISIONS.c.request_id).where(DECISIONS.c.response_id == bindparam("response_id")).exists(),
+        select(APPROVALS.c.request_id).where(APPROVALS.c.response_id == bindparam("response_id")).exists(),
+    ).label("response_used")
+)
 
 _ATTEMPTS = TABLES["provider_attempts"]
 _OF_TURN = (STEPS.c.session_id == bindparam("session_id"), STEPS.c.turn_id == bindparam("turn_id"))
@@ -329,16 +367,41 @@ class DatabaseStore(LedgerStore):
 
     async def call_and_siblings(self, call_id: str, session_id: str) -> StepCalls:
         rows = await self.read(_CALL_AND_SIBLINGS, {"call_id": call_id, "session_id": session_id})
+        if rows:
+            # What this statement carried for the transition's next reads (`claim`, `turn_spend`).
+            first = rows[0]
+            self._carried[("claim", call_id)] = (
+                None
+                if first.claim_status is None
+                else ClaimOnRecord(
+                    first.claim_status,
+                    first.claim_outcome,
+                    first.claim_result,
+                    first.claim_holder,
+                    first.claim_attempts,
+                    first.claim_claimed_at,
+                    first.claim_authorization,
+                )
+            )
+            self._carried[("turn_spend", session_id, first.turn_id)] = TurnSpend(
+                int(first.spent_steps), int(first.spent_calls), int(first.spent_tokens)
+            )
         return StepCalls([_call(row) for row in rows], bool(rows and rows[0].waiting))
 
     async def request_and_calls(
-        self, request_id: str, session_id: str, responder: str
+        self, request_id: str, session_id: str, responder: str, *, response_id: str | None = None
     ) -> tuple[RequestOnRecord | None, StepCalls]:
         parameters = {"request_id": request_id, "session_id": session_id, "responder": responder}
-        rows = await self.read(_REQUEST_AND_CALLS, parameters)
+        if response_id is not None:
+            parameters["response_id"] = response_id
+        rows = await self.read(
+            _REQUEST_AND_CALLS if response_id is None else _REQUEST_AND_CALLS_AND_RESPONSE, parameters
+        )
         if not rows:
             return None, StepCalls([], False)
         first = rows[0]
+        if response_id is not None:
+            self._carried[("response_used", response_id)] = bool(first.response_used)
         request = RequestOnRecord(
             first.request_id,
             first.request_session_id,
@@ -388,12 +451,18 @@ class DatabaseStore(LedgerStore):
         return [(row.tool, row.escalated_at is not None) for row in rows]
 
     async def response_used(self, response_id: str) -> bool:
+        carried = self._carried.pop(("response_used", response_id), None)
+        if carried is not None:
+            return carried
         return bool(await self.read(_RESPONSE_USED, {"response_id": response_id}))
 
     async def pending_request_ids(self, session_id: str) -> list[str]:
         return [row.id for row in await self.read(_PENDING, {"session_id": session_id})]
 
     async def turn_spend(self, session_id: str, turn_id: str) -> TurnSpend:
+        carried = self._carried.pop(("turn_spend", session_id, turn_id), None)
+        if carried is not None:
+            return carried
         row = (await self.read(_TURN_SPEND, {"session_id": session_id, "turn_id": turn_id}))[0]
         return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
 
@@ -405,6 +474,8 @@ class DatabaseStore(LedgerStore):
         return grant_of(found[0]) if found else None
 
     async def claim(self, call_id: str, *, lock: bool = False) -> ClaimOnRecord | None:
+        if not lock and ("claim", call_id) in self._carried:
+            return self._carried.pop(("claim", call_id))
         found = await self.read(_CLAIM_LOCKED if lock else _CLAIM, {"call_id": call_id})
         if not found:
             return None

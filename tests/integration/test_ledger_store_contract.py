@@ -333,6 +333,68 @@ async def test_every_read_returns_the_same_typed_values(stores):
         assert await store.transcript_rows(session) == [{"n": 1}, {"n": 2}]
 
 
+async def test_the_claim_and_turn_spend_a_call_read_carries_are_the_ones_read_alone(stores):
+    """`call_and_siblings` carries the call's claim and its turn's spend for the
+    transition's next reads (one statement on the databases): they answer as read alone."""
+    seed = await seeded(stores)
+    session_id = seed["session_id"]
+    async with stores() as store:
+        await store.lock_session(session_id)
+        alone = (await store.claim("call_c"), await store.claim("call_a"), await store.turn_spend(session_id, "trn_1"))
+    for call_id, claimed in (("call_c", alone[0]), ("call_a", alone[1])):
+        async with stores() as store:
+            await store.lock_session(session_id)
+            await store.call_and_siblings(call_id, session_id)
+            assert await store.claim(call_id) == claimed
+            assert await store.turn_spend(session_id, "trn_1") == alone[2] == TurnSpend(2, 2, 32)
+            # A locked read (a hold-back) is never answered by what was carried.
+            assert await store.claim(call_id, lock=True) == claimed
+
+
+async def test_whether_a_response_was_used_as_a_request_read_carries_it_is_as_read_alone(stores):
+    seed = await seeded(stores)
+    session_id = seed["session_id"]
+    for request_id, response_id, used in (("apr_a", "rsp_a", True), ("apr_a", "rsp_b", True), ("apr_a", "rsp_new", False)):
+        async with stores() as store:
+            await store.lock_session(session_id)
+            request, _ = await store.request_and_calls(request_id, session_id, "alice", response_id=response_id)
+            assert request is not None and request.id == request_id
+            assert await store.response_used(response_id) is used
+            # Asked again it reads alone, and answers the same.
+            assert await store.response_used(response_id) is used
+    async with stores() as store:
+        await store.lock_session(session_id)
+        assert await store.request_and_calls("apr_none", session_id, "alice", response_id="rsp_a") == (
+            None, await store.call_and_siblings("call_none", session_id),
+        )
+        assert await store.response_used("rsp_a") is True
+
+
+async def test_a_later_turn_of_a_session_finds_its_row_as_stored_and_locked(stores):
+    session_id = mint("ses")
+    await opened(stores, session_id)
+    async with stores() as store:
+        session = await store.lock_session(session_id)
+        store.emit(session, ToolCallClosed(session_id=session_id, call_id=mint("call"), kind="output"))
+        await store.commit()
+    order = []
+
+    async def later_turn(name: str, hold: float) -> None:
+        async with stores() as store:
+            session = await store.receive_and_lock(turn(session_id), create_with_provider="other")
+            assert session is not None and (session.provider, session.status) == ("scripted", "idle")
+            order.append((name, session.event_seq))
+            store.emit(session, ToolCallClosed(session_id=session_id, call_id=mint("call"), kind="output"))
+            await asyncio.sleep(hold)
+            await store.commit()
+
+    first = asyncio.create_task(later_turn("first", 0.3))
+    await asyncio.sleep(0.1)
+    await later_turn("second", 0)
+    await first
+    assert order == [("first", 1), ("second", 2)]
+
+
 async def test_a_withdrawn_request_and_a_held_back_claim_are_written_at_commit(stores):
     seed = await seeded(stores)
     session_id = seed["session_id"]
