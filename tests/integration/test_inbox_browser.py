@@ -86,12 +86,19 @@ class Browser:
                 raise AssertionError(f"{self.name}: timed out waiting for {what} at {self.driver.current_url}")
             time.sleep(0.1)
 
+    def read(self, css: str) -> str:
+        """The element's text, looked up again if the page's live update swapped it out
+        between finding it and reading it (a stale element)."""
+        read: list[str] = []
+        self.until(lambda b: read.append(b.find(css).text) or True, what=f"{css} to read")
+        return read[-1]
+
     def click(self, css: str) -> None:
         """Clicks the element, looked up again if the page's live update swapped it out."""
         self.until(lambda b: b.find(css).click() or True, what=f"{css} to click")
 
     def text(self) -> str:
-        return self.find("body").text
+        return self.read("body")
 
     def login(self, name: str, password: str = PASSWORD) -> None:
         self.open("/inbox/login")
@@ -175,7 +182,7 @@ async def test_a_person_logs_in_approves_from_the_inbox_and_the_tool_runs_once(g
     alice.shot(f"inbox-{store}")
     alice.click(f"#open-{card['id']}")
     alice.until(lambda b: b.all("#approve"), what="the card page")
-    assert alice.find("#digest").text == card["args_digest"]
+    assert alice.read("#digest") == card["args_digest"]
     assert alice.find("#approve-form input[name=args_digest]").get_attribute("value") == card["args_digest"]
     alice.find("#message").send_keys("Looks right; post it.")
     alice.shot(f"card-{store}")
@@ -211,7 +218,7 @@ async def test_when_one_person_approves_the_card_leaves_the_other_persons_open_i
     bob.until(lambda b: b.all("#notice"), what="bob's notice")
     alice.until(lambda b: not card_in_inbox(card["id"])(b), what="the card to leave alice's inbox")
     assert alice.driver.execute_script("return window.__notReloaded === true"), "alice's inbox was reloaded"
-    assert "Nothing waits for your approval" in alice.find("#cards").text
+    assert "Nothing waits for your approval" in alice.read("#cards")
     alice.shot(f"two-browsers-alice-after-{store}")
     await ran(sink, "/reviewed", 1)
     [decision] = await rows(gateway, Decision, request_id=card["id"])
@@ -244,7 +251,7 @@ async def test_a_denial_needs_a_reason_and_the_model_is_told_it(gateway, sink, b
     # The session page: the story, and the transcript where the model reads the reason.
     alice.open(f"/inbox/sessions/{card['session_id']}")
     alice.until(lambda b: "Reason: Not on a Friday." in b.find("#transcript").text, what="the model's view")
-    story = alice.find("#story").text
+    story = alice.read("#story")
     assert f"{card['id']} was denied by alice: Not on a Friday." in story, story
     assert "alice started turn" in story and "closed as denied" in story, story
     alice.shot(f"session-denied-{store}")
@@ -273,7 +280,7 @@ async def test_an_expired_card_cannot_be_approved_and_says_so(deployment, sink, 
         # A page opened before it expired still sends its form (a browser without the script):
         # the ledger refuses it and the page says why.
         alice.open(f"/inbox/requests/{card['id']}")
-        assert "expired" in alice.find("#status").text and not alice.all("#approve")
+        assert "expired" in alice.read("#status") and not alice.all("#approve")
         stale = await stale_approval(deployment, alice, card)
         assert stale.status_code == 409, stale.text
         assert "This card expired" in stale.text and "<code>expired</code>" in stale.text
@@ -316,8 +323,8 @@ async def test_a_person_who_may_not_approve_sees_the_ledgers_reason_and_nothing_
     sam.until(lambda b: b.all("#hint"))
     sam.click("#approve")
     sam.until(lambda b: b.all("#refused-title"), what="the refusal page")
-    assert sam.find("#refused-title").text == "You may not approve this"
-    reason = sam.find("#refused-reason").text
+    assert sam.read("#refused-title") == "You may not approve this"
+    reason = sam.read("#refused-reason")
     assert "starter_may_not_approve" in reason and "sam" in reason, reason
     sam.shot(f"may-not-approve-{store}")
     [rejected] = await rows(gateway, AuditEntry, session_id=card["session_id"], kind="response.rejected")
@@ -341,11 +348,11 @@ async def test_the_starter_reads_the_sessions_story_and_cancels_its_open_turn_fr
     alice.until(lambda b: "waiting on 1 card" in b.find("#turn-status").text, what="the turn to wait on a card")
     alice.click("#session-live ul a")
     alice.until(lambda b: b.all("#arguments"))
-    assert '"api_token": "***redacted***"' in alice.find("#arguments").text
+    assert '"api_token": "***redacted***"' in alice.read("#arguments")
     assert "sk-secret-123" not in alice.driver.page_source
     alice.driver.back()
     alice.live()
-    story = alice.find("#story").text
+    story = alice.read("#story")
     assert "alice started turn" in story and "needs a person's approval" in story, story
     alice.find("#cancel-reason").send_keys("Changed my mind.")
     alice.click("#cancel")
@@ -541,8 +548,8 @@ async def test_edit_then_approve_the_edited_arguments_run_and_the_transcript_and
         bob.login("bob")
         bob.open(f"/inbox/requests/{card['id']}")
         bob.live()
-        assert bob.find("#approvals").text == "1 of 2" and bob.find("#digest").text == card["args_digest"]
-        assert "you approved it" in bob.find("#hint").text
+        assert bob.read("#approvals") == "1 of 2" and bob.read("#digest") == card["args_digest"]
+        assert "you approved it" in bob.read("#hint")
         alice.login("alice")
         alice.open(f"/inbox/requests/{card['id']}")
         alice.until(lambda b: b.all("#edit-form"), what="the edit form")
@@ -556,11 +563,11 @@ async def test_edit_then_approve_the_edited_arguments_run_and_the_transcript_and
         # bob's open page shows the edited version without a reload: its arguments, the edit, a new digest.
         bob.until(lambda b: b.find("#digest").text != card["args_digest"], what="the edited card on bob's page")
         bob.until(lambda b: b.find("#approvals").text == "1 of 2", what="the restarted count")
-        assert '"amount": 4000' in bob.find("#arguments").text
+        assert '"amount": 4000' in bob.read("#arguments")
         # bob's approval was of 5,000: the page no longer says he approved this version.
         assert not bob.all("#hint")
-        assert "alice changed them: amount: 5000 → 4000" in bob.find("#edited").text
-        assert bob.find("#approve-form input[name=args_digest]").get_attribute("value") == bob.find("#digest").text
+        assert "alice changed them: amount: 5000 → 4000" in bob.read("#edited")
+        assert bob.find("#approve-form input[name=args_digest]").get_attribute("value") == bob.read("#digest")
         bob.shot(f"edited-card-live-{store}")
         await ran(sink, "/refunds", 0)
         bob.click("#approve")
@@ -570,10 +577,10 @@ async def test_edit_then_approve_the_edited_arguments_run_and_the_transcript_and
         # The session page: the model was told what changed and the call as approved; the story shows the edit.
         alice.open(f"/inbox/sessions/{card['session_id']}")
         alice.until(lambda b: "Refunded a lot." in b.find("#transcript").text, what="the turn's end")
-        transcript = alice.find("#transcript").text
+        transcript = alice.read("#transcript")
         assert "alice changed the arguments before approving: amount: 5000 → 4000" in transcript, transcript
         assert 'The call was approved with these arguments: {"amount": 4000, "customer": "c-2"}' in transcript
-        story = alice.find("#story").text
+        story = alice.read("#story")
         assert f"alice edited the arguments of {card['id']} (refund) before approving: amount: 5000 → 4000" in story
         assert "1 earlier approval(s) no longer count" in story and "ran: output" in story, story
         alice.shot(f"session-edited-{store}")
@@ -621,7 +628,7 @@ async def test_approve_and_remember_the_next_matching_call_runs_without_a_card_a
             alice.until(lambda b: b.all("#approve-remember"), what="the approve-and-remember form")
             # With this target (customer c-1) and for the rest of the session: the form's defaults.
             assert alice.find("#remember-this").is_selected() and alice.find("#remember-session").is_selected()
-            assert "customer c-1" in alice.find("label[for=remember-this]").text
+            assert "customer c-1" in alice.read("label[for=remember-this]")
             alice.shot(f"card-remember-{store}")
             alice.click("#approve-remember")
             alice.until(lambda b: "You approved" in b.find("#notice").text, what="the approval's notice")
@@ -641,7 +648,7 @@ async def test_approve_and_remember_the_next_matching_call_runs_without_a_card_a
             alice.until(lambda b: b.find(f"#grant-{grant.id}").get_attribute("data-live") == "yes",
                         what="the live grant on the session's page")
             assert "customer c-1" in alice.find(f"#grant-{grant.id}").text
-            story = alice.find("#story").text
+            story = alice.read("#story")
             assert f"grant {grant.id}" in story and "runs without a card" in story, story
             alice.shot(f"session-grant-{store}")
             alice.click(f"#revoke-{grant.id}")
@@ -694,7 +701,7 @@ def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_
         session_page = browser.driver.current_url
         browser.click("#session-live ul a")
         browser.until(lambda b: b.all("#approve"))
-        assert "publish_post" in browser.find("#card-state").text and "outward" in browser.find("#card-state").text
+        assert "publish_post" in browser.read("#card-state") and "outward" in browser.read("#card-state")
         browser.shot("make-run-card")
         browser.click("#approve")
         browser.until(lambda b: "You approved" in b.find("#notice").text)
@@ -702,7 +709,7 @@ def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_
         browser.driver.get(session_page)
         browser.until(lambda b: "Done: the release notes are published." in b.find("#transcript").text,
                       what="the model's answer")
-        story = browser.find("#story").text
+        story = browser.read("#story")
         assert story.count("ran: output") == 1 and f"was approved by {name}" in story, story
         browser.shot("make-run-session")
     finally:
