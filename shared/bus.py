@@ -135,14 +135,26 @@ class Bus:
         """Stop taking deliveries, let the ones being handled finish (up to
         `graceful_seconds`), then close: what is still unacked goes back to its queue."""
         self._stopping = True
-        for queue, tag in self._queues:
-            try:
-                await queue.cancel(tag)
-            except Exception as error:  # a closed channel has no consumer to cancel
-                log.debug("cancelling the consumer of %s: %s", queue.name, error)
+        # Bounded: on a robust connection that lost the broker (its user gone, say), a cancel
+        # and the close wait for a reconnection that may never come, and a service told to
+        # stop must stop (a stuck stop outlived `signoff up` as an orphan). What is unacked
+        # goes back to its queue either way.
+        try:
+            async with asyncio.timeout(self.graceful_seconds):
+                for queue, tag in self._queues:
+                    try:
+                        await queue.cancel(tag)
+                    except Exception as error:  # a closed channel has no consumer to cancel
+                        log.debug("cancelling the consumer of %s: %s", queue.name, error)
+        except TimeoutError:
+            log.warning("the broker did not answer the consumers' cancel; stopping without it")
         self._queues.clear()
         if self._handling:
             await asyncio.wait(set(self._handling), timeout=self.graceful_seconds)
         if self._connection is not None:
-            await self._connection.close()
-            self._connection = None
+            connection, self._connection = self._connection, None
+            try:
+                async with asyncio.timeout(self.graceful_seconds):
+                    await connection.close()
+            except TimeoutError:
+                log.warning("the broker connection did not close in %s s; stopping without it", self.graceful_seconds)

@@ -5,6 +5,8 @@ stays up for everyone else on this machine. The restart of RabbitMQ itself is
 tests/crash/test_broker_restart.py's (a serial pass of its own)."""
 
 import asyncio
+import signal
+import subprocess
 from urllib.parse import quote
 
 import httpx
@@ -79,3 +81,35 @@ async def test_services_whose_connections_are_closed_mid_call_reconnect_consume_
     assert sink.counts["/sink"] == 2  # once per call: the held call ran once
     for service, process in deployment.processes.items():
         assert process.poll() is None, f"{service} died with its connection instead of reconnecting"
+
+
+def connected(users: set[str]) -> bool:
+    with httpx.Client(base_url=ADMIN, auth=("guest", "guest"), timeout=10) as admin:
+        return users <= {c.get("user") for c in admin.get("/connections").json()}
+
+
+def delete_users(users: set[str]) -> None:
+    with httpx.Client(base_url=ADMIN, auth=("guest", "guest"), timeout=10) as admin:
+        for user in users:
+            gone = admin.delete(f"/users/{quote(user, safe='')}")
+            assert gone.status_code in (204, 404), gone.text
+
+
+async def test_a_service_whose_broker_user_is_gone_still_stops_when_told(pg_deployment):
+    # Its robust connection can never come back; a cancel or a close that waited for it
+    # kept the service alive after SIGTERM, an orphan outliving `signoff up`.
+    deployment = pg_deployment
+    deployment.start()
+    users = {f"{deployment.namespace}.{service}" for service in SERVICES}
+    # Connected first (the management API lists each of them), then their users deleted.
+    await eventually(lambda: asyncio.to_thread(connected, users), timeout=30, interval=0.5)
+    await asyncio.to_thread(delete_users, users)
+    await asyncio.sleep(2)
+    for process in deployment.processes.values():
+        process.send_signal(signal.SIGTERM)
+    for service, process in deployment.processes.items():
+        try:
+            await asyncio.to_thread(process.wait, 40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError(f"{service} did not stop within 40 s of SIGTERM without its broker user") from None
