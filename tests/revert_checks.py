@@ -999,8 +999,8 @@ MUTATIONS = [
    "        self._connection = await aio_pika.connect(self.url)  # type: ignore[assignment]\n",
    "tests/integration/test_reconnecting.py::test_services_whose_connections_are_closed_mid_call_reconnect_consume_again_and_finish_it_once"),
   ("a service's stop waits without bound for a broker connection that cannot come back", "shared/bus.py",
-   "                async with asyncio.timeout(self.graceful_seconds):\n                    await connection.close()\n",
-   "                async with asyncio.timeout(None):\n                    await connection.close()\n",
+   "            async with asyncio.timeout(self.graceful_seconds):\n                for queue, tag in self._queues:\n",
+   "            async with asyncio.timeout(None):\n                for queue, tag in self._queues:\n",
    "tests/integration/test_reconnecting.py::test_a_service_whose_broker_user_is_gone_still_stops_when_told"),
 ]
 # A failure of these kinds says the revert broke the tree (an import, a name, a
