@@ -135,6 +135,20 @@ _CALL_COLUMNS = (
 # transition (`tool.completed` reads both next), the call's claim as the executor left
 # it and what the step's turn has spent so far: two round trips fewer per report.
 _carried_claim = CLAIMS.alias("carried_claim")
+
+
+def _spend(steps, attempts, of_turn, prefix: str = ""):
+    """A turn's steps, provider calls and tokens so far, as three scalar subqueries over
+    `steps` and `attempts` (the tables or their aliases) where `of_turn` holds."""
+    attempted = attempts.join(steps, steps.c.id == attempts.c.step_id)
+    tokens = func.coalesce(func.sum(attempts.c.input_tokens + attempts.c.output_tokens), 0)
+    return (
+        select(func.count()).select_from(steps).where(*of_turn).scalar_subquery().label(f"{prefix}steps"),
+        select(func.count()).select_from(attempted).where(*of_turn).scalar_subquery().label(f"{prefix}calls"),
+        select(tokens).select_from(attempted).where(*of_turn).scalar_subquery().label(f"{prefix}tokens"),
+    )
+
+
 _spent_step = STEPS.alias("spent_step")
 _spent_attempt = TABLES["provider_attempts"].alias("spent_attempt")
 _OF_CALLS_TURN = (_spent_step.c.session_id == bindparam("session_id"), _spent_step.c.turn_id == STEPS.c.turn_id)
@@ -149,17 +163,7 @@ _CALL_AND_SIBLINGS = (
         _carried_claim.c.claimed_at.label("claim_claimed_at"),
         _carried_claim.c.result.label("claim_result"),
         _carried_claim.c.authorization.label("claim_authorization"),
-        select(func.count()).select_from(_spent_step).where(*_OF_CALLS_TURN).scalar_subquery().label("spent_steps"),
-        select(func.count())
-        .select_from(_spent_attempt.join(_spent_step, _spent_step.c.id == _spent_attempt.c.step_id))
-        .where(*_OF_CALLS_TURN)
-        .scalar_subquery()
-        .label("spent_calls"),
-        select(func.coalesce(func.sum(_spent_attempt.c.input_tokens + _spent_attempt.c.output_tokens), 0))
-        .select_from(_spent_attempt.join(_spent_step, _spent_step.c.id == _spent_attempt.c.step_id))
-        .where(*_OF_CALLS_TURN)
-        .scalar_subquery()
-        .label("spent_tokens"),
+        *_spend(_spent_step, _spent_attempt, _OF_CALLS_TURN, "spent_"),
     )
     .select_from(
         _target.join(_SIBLINGS, TOOL_CALLS.c.step_id == _target.c.step_id).outerjoin(
@@ -250,19 +254,7 @@ _REQUEST_AND_CALLS_AND_RESPONSE = _REQUEST_AND_CALLS.add_columns(
 
 _ATTEMPTS = TABLES["provider_attempts"]
 _OF_TURN = (STEPS.c.session_id == bindparam("session_id"), STEPS.c.turn_id == bindparam("turn_id"))
-_TURN_SPEND = select(
-    select(func.count()).select_from(STEPS).where(*_OF_TURN).scalar_subquery().label("steps"),
-    select(func.count())
-    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
-    .where(*_OF_TURN)
-    .scalar_subquery()
-    .label("calls"),
-    select(func.coalesce(func.sum(_ATTEMPTS.c.input_tokens + _ATTEMPTS.c.output_tokens), 0))
-    .select_from(_ATTEMPTS.join(STEPS, STEPS.c.id == _ATTEMPTS.c.step_id))
-    .where(*_OF_TURN)
-    .scalar_subquery()
-    .label("tokens"),
-)
+_TURN_SPEND = select(*_spend(STEPS, _ATTEMPTS, _OF_TURN))
 
 
 _CLAIM = select(
