@@ -115,11 +115,3 @@ def connection_class(url: str) -> type[RobustConnection]:
 async def connect_robust(url: str, **kwargs: Any) -> aio_pika.abc.AbstractRobustConnection:
     """`aio_pika.connect_robust` for a URL with one host or several."""
     return await aio_pika.connect_robust(split_hosts(url)[0], connection_class=connection_class(url), **kwargs)
-
-
-def failover_broker(broker: Any, url: str) -> Any:
-    """A FastStream `RabbitBroker` made with `split_hosts(url)[0]` made to use every node
-    of `url`: its connection arguments go to aio-pika's `connect_robust` as they are
-    (`RabbitBroker._connect`); tests/unit/test_amqp_hosts.py checks that they still do."""
-    broker._connection_kwargs["connection_class"] = connection_class(url)
-    return broker

@@ -208,6 +208,10 @@ def verify(
     return Verdict(entries=len(entries), linked=len(linked), pending=pending, broken=first(problems))
 
 
+# What a person's decision did to a request, as the story tells it.
+DECIDED_AS = {"approve": "approved", "deny": "denied", "respond": "answered in the tool's place"}
+
+
 def _short(value: str | None) -> str:
     return "" if value is None else value if len(value) <= 23 else value[:23] + "…"
 
@@ -220,6 +224,8 @@ def story(entry: dict[str, Any]) -> str:
     kind = entry["kind"]
     if kind == "turn.started":
         return f"{who} started turn {subject}"
+    if kind == "turn.repeated":
+        return f"{who} asked again with the key that started turn {subject}: nothing new started"
     if kind == "call.proposed":
         plan = {"ask": "needs a person's approval", "run": "runs without approval (policy)"}.get(
             d.get("plan"), f"closed at once ({d.get('reason_code')})"
@@ -253,7 +259,7 @@ def story(entry: dict[str, Any]) -> str:
             + (f"; {withdrawn} earlier approval(s) no longer count" if withdrawn else "")
         )
     if kind == "response.accepted":
-        verb = "approved" if d.get("decision") == "approve" else "denied"
+        verb = DECIDED_AS.get(str(d.get("decision")), "denied")
         counted = f" ({d['count']} of {d['required']})" if d.get("count") is not None else ""
         return f"{who} {verb} {subject} via channel {d.get('channel')}{counted}"
     if kind == "response.rejected":
@@ -262,7 +268,7 @@ def story(entry: dict[str, Any]) -> str:
         return f"{d.get('type')} {entry['message_id']} was refused: {d.get('reason_code')}: {d.get('reason_text')}"
     if kind == "approval.decided":
         reason = f": {d['reason']}" if d.get("reason") else ""
-        return f"{subject} was {'approved' if d.get('decision') == 'approve' else 'denied'} by {who}{reason}"
+        return f"{subject} was {DECIDED_AS.get(str(d.get('decision')), 'denied')} by {who}{reason}"
     if kind == "approval.escalated":
         return f"{subject} was announced again to {', '.join(d.get('to', []))}"
     if kind == "grant.created":

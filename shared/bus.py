@@ -1,5 +1,8 @@
 """A service's one connection to RabbitMQ, on aio-pika directly: the queues it
-consumes and the messages it publishes.
+consumes and the messages it publishes. It is the one AMQP client path of the running
+code: the services, the gateway and the command line all publish through `Bus.publish`
+(`shared.consuming.send`), and the services consume through it (docs/concepts.md, "One
+AMQP client path", says why aio-pika and not FastStream).
 
 It keeps what FastStream gave the services, which used these same aio-pika
 objects underneath: a robust connection (`shared.amqp_hosts.connect_robust`,
@@ -9,7 +12,7 @@ consumer; queues looked up, never declared (`signoff setup` declares them, the
 service may not); publishes persistent, as the service's own broker identity,
 confirmed by the broker. What it leaves out is FastStream's per-message dispatch
 (its middlewares, context scopes and call wrappers: ~6 % of the ledger's busy
-samples, docs/performance.md "Session 7"), which the services never used: each
+samples, docs/benchmarks.md), which the services never used: each
 delivery goes straight to its `Inbound`, which decodes, handles and acks it.
 
 Consuming and publishing use a channel each, so a publish the broker refuses
@@ -33,6 +36,27 @@ from shared.amqp_hosts import connect_robust
 log = logging.getLogger("signoff.broker")
 
 Consumer = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+def persistent(
+    body: bytes,
+    *,
+    user_id: str,
+    message_id: str | None,
+    content_type: str | None = "application/json",
+    headers: dict[str, Any] | None = None,
+) -> aio_pika.Message:
+    """The AMQP message every publish sends (`Bus.publish`, and the publisher's relay, which
+    pipelines a batch of them on its own channel): persistent, as `user_id`, stamped now."""
+    return aio_pika.Message(
+        body,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message_id,
+        content_type=content_type,
+        headers=headers,
+        user_id=user_id,
+        timestamp=datetime.now(tz=UTC),
+    )
 
 
 class Bus:
@@ -89,6 +113,12 @@ class Bus:
         return delivered
 
     @property
+    def connection(self) -> AbstractRobustConnection:
+        """The open connection, for a caller's own channel (the console's event queues)."""
+        assert self._connection is not None, "connect() first"
+        return self._connection
+
+    @property
     def connected(self) -> bool:
         """Open and consuming (a robust connection restores its consumers when it reconnects)."""
         return (
@@ -108,27 +138,20 @@ class Bus:
         message_id: str | None = None,
         headers: dict[str, Any] | None = None,
         content_type: str | None = None,
+        mandatory: bool = False,
     ) -> None:
         """Publish persistently as `user_id` (RabbitMQ checks it is the connection's own
         user) and return once the broker confirmed it. Unroutable messages are dropped by
-        the broker (not mandatory), as before."""
+        the broker unless `mandatory` (then the broker returns it and this raises)."""
         assert self._publishing is not None, "connect() first"
         target = self._exchanges.get(exchange)
         if target is None:
             # Not declared (the service may not): an exchange `signoff setup` made, by name.
             target = self._exchanges[exchange] = await self._publishing.get_exchange(exchange, ensure=False)
         await target.publish(
-            aio_pika.Message(
-                body,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=message_id,
-                content_type=content_type,
-                headers=headers,
-                user_id=user_id,
-                timestamp=datetime.now(tz=UTC),
-            ),
+            persistent(body, user_id=user_id, message_id=message_id, content_type=content_type, headers=headers),
             routing_key=routing_key,
-            mandatory=False,
+            mandatory=mandatory,
         )
 
     async def stop(self) -> None:

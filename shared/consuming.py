@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
-from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
+from aio_pika import ExchangeType
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from pydantic import TypeAdapter, ValidationError
 
 from shared import logs
@@ -38,7 +38,7 @@ from shared.dead_letters import (
 from shared.messages import Envelope, encode, now
 from shared.observability import MESSAGE_HANDLING, MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED, MESSAGES_PUBLISHED
 from shared.redaction import redact_message_body, redact_text
-from shared.topology import COMMAND_TYPES, Topology
+from shared.topology import COMMAND_TYPES, Queue, Topology
 
 log = logging.getLogger("signoff.consuming")
 
@@ -84,7 +84,7 @@ class Inbound:
         # Failed deliveries by message id, where the queue counts none (a classic queue
         # sets no x-delivery-count): a message that keeps failing here is parked at the
         # delivery limit all the same. Per process: a restart, or another replica,
-        # starts the count again (docs/performance.md, "Queue types").
+        # starts the count again (docs/benchmarks.md, "Queue types").
         self._failures: dict[str, int] = {}
 
     async def receive(
@@ -294,45 +294,30 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def declare(broker: RabbitBroker, topology: Topology) -> None:
+async def declare(channel: AbstractChannel, topology: Topology) -> None:
     """Declare every exchange, queue and binding (idempotent): `signoff setup` does,
     with the broker's administrator, before any service starts, so a message
     published before its consumer first starts waits in its queue instead of
     vanishing unrouted. The services themselves may not declare exchanges."""
     exchanges = {}
     for name in topology.all_exchange_names():
-        kind = {topology.events.name: ExchangeType.TOPIC, topology.dead.name: ExchangeType.FANOUT}.get(
-            name, ExchangeType.DIRECT
-        )
-        exchanges[name] = await broker.declare_exchange(RabbitExchange(name, type=kind, durable=True))
-    dlq = await broker.declare_queue(topology.dead_letter_queue)
-    await dlq.bind(exchanges[topology.dead.name])
-    parked = await broker.declare_queue(topology.parked_queue)
-    await parked.bind(exchanges[topology.dead.name])
+        kind = {topology.events.name: topology.events.kind, topology.dead.name: topology.dead.kind}.get(name, "direct")
+        exchanges[name] = await channel.declare_exchange(name, ExchangeType(kind), durable=True)
+
+    async def declared(queue: Queue) -> AbstractQueue:
+        return await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
+
+    await (await declared(topology.dead_letter_queue)).bind(exchanges[topology.dead.name])
+    await (await declared(topology.parked_queue)).bind(exchanges[topology.dead.name])
     for message_type in COMMAND_TYPES:
-        queue = await broker.declare_queue(topology.inbound_queue(message_type))
-        await queue.bind(exchanges[topology.inbound_exchange(message_type).name], routing_key=message_type)
-
-
-async def publish(broker: RabbitBroker, topology: Topology, message: Envelope, *, user_id: str) -> None:
-    """Publish one message persistently, as `user_id` (the connection's own user,
-    which RabbitMQ checks), and wait for RabbitMQ's confirm."""
-    exchange, routing_key = topology.route(message)
-    await broker.publish(
-        encode(message),
-        exchange=exchange,
-        routing_key=routing_key,
-        persist=True,
-        message_id=message.message_id,
-        content_type="application/json",
-        mandatory=False,
-        user_id=user_id,
-    )
-    MESSAGES_PUBLISHED.labels(message.type).inc()
+        inbound = await declared(topology.inbound_queue(message_type))
+        await inbound.bind(exchanges[topology.inbound_exchange(message_type).name], routing_key=message_type)
 
 
 async def send(bus: Bus, topology: Topology, message: Envelope, *, user_id: str) -> None:
-    """`publish` on a service's own `Bus` (shared/bus.py): persistent, as `user_id`, confirmed."""
+    """Publish one message on a `Bus` (shared/bus.py), the one way every service, the
+    gateway and the command line publish: persistently, as `user_id` (the connection's
+    own user, which RabbitMQ checks), and once RabbitMQ confirmed it."""
     exchange, routing_key = topology.route(message)
     await bus.publish(
         encode(message),

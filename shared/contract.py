@@ -9,13 +9,14 @@ committed; `tests/unit/test_contract.py` fails when the two disagree
 # type from its annotation, which must be a class, not a string.
 
 import sys
+from typing import Any
 
 import yaml
-from faststream.rabbit import RabbitBroker
+from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitQueue
 from faststream.specification import AsyncAPI
 
 from shared.messages import EVENTS, LEDGER_INPUTS, SERVICE_COMMANDS, Envelope
-from shared.topology import SENDERS, Topology
+from shared.topology import SENDERS, Exchange, Queue, Topology
 
 SIGNING = """\
 Every message is JSON with an envelope (`message_id`, `session_id`, `causation_id`,
@@ -49,7 +50,7 @@ def _describe(broker: RabbitBroker, topology: Topology) -> None:
     for event in EVENTS:
         kind = event.model_fields["type"].default
         broker.publisher(
-            exchange=topology.events,
+            exchange=_exchange(topology.events),
             routing_key=f"{kind}.*",
             schema=event,
             title=kind,
@@ -62,8 +63,24 @@ def _subscribe(broker: RabbitBroker, topology: Topology, kind: str, model: type[
         """Declared for the document only: nothing consumes through it."""
 
     broker.subscriber(
-        topology.inbound_queue(kind), topology.inbound_exchange(kind), title=kind, description=description
+        _queue(topology.inbound_queue(kind)),
+        _exchange(topology.inbound_exchange(kind)),
+        title=kind,
+        description=description,
     )(handler)
+
+
+# FastStream describes the topology here only: the running code declares, publishes and
+# consumes with aio-pika (shared/bus.py, `shared.consuming.declare`), and FastStream's
+# AsyncAPI generator is what writes this document from the message models.
+def _exchange(exchange: Exchange) -> RabbitExchange:
+    return RabbitExchange(exchange.name, type=ExchangeType(exchange.kind), durable=True, declare=False)
+
+
+def _queue(queue: Queue) -> RabbitQueue:
+    # The document names a queue and says it is durable; its arguments are not in it.
+    arguments: Any = dict(queue.arguments)
+    return RabbitQueue(queue.name, durable=True, routing_key=queue.routing_key, arguments=arguments)
 
 
 def document(namespace: str = "signoff") -> str:

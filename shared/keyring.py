@@ -13,7 +13,7 @@ by default `<data dir>/keys`), made once by `signoff setup`.
 | `redis/<name>.password` | that service (the executor alone uses Redis) | its Redis ACL user's password |
 
 A container is given only the files its service holds (`HELD_BY`); so is each
-service under `signoff up` run as root (services/service_users.py). Nothing here is a secret
+service under `signoff up` run as root (services/operations/service_users.py). Nothing here is a secret
 in a log: only public keys are ever printed.
 """
 
@@ -62,6 +62,8 @@ HELD_BY: dict[str, tuple[str, ...]] = {
     # a read-only database role and its Redis user (login rate limits).
     "gateway": (
         "channels/gateway.key",
+        # The ledger's public key, published at GET /v1/keys: callers verify its signed verdicts.
+        LEDGER_PUBLIC_KEY,
         "gateway/users.yaml",
         "gateway/tokens.yaml",
         "gateway/session.key",
@@ -76,6 +78,17 @@ HELD_BY: dict[str, tuple[str, ...]] = {
         "redis/tool-executor.password",
     ),
 }
+
+
+# The channel adapters Signoff builds in (`signoff channel run NAME`): each holds its channel's
+# key and broker password, and reads the pending cards it catches up on as the console's
+# read-only database role. `signoff setup --hand-out` gives each registered one its folder
+# (`channel-<name>`), as it gives each service its own.
+CHANNEL_ADAPTERS = ("slack", "email")
+
+
+def adapter_files(name: str) -> tuple[str, ...]:
+    return (f"channels/{name}.key", f"rabbitmq/channel.{name}.password", "postgres/console.password")
 
 
 class MissingKey(SystemExit):
@@ -95,6 +108,17 @@ class Channel:
 
     def may_assert(self, responder: str) -> bool:
         return any(fnmatch.fnmatchcase(responder, pattern) for pattern in self.principals)
+
+
+# The responder of a response that carried a one-time token: `token:<its channel>`, no person.
+TOKEN_RESPONDER_PREFIX = "token:"
+
+
+def speaks_for(channel: Channel, principal: str) -> bool:
+    """Whether a channel may name this principal: one it is registered for, and never
+    a `token:` one (that names no person). The ledger's rule (`judge_speaker`, `may_name`
+    in services/approval_ledger/domain.py), which the CLI checks before it sends."""
+    return not principal.startswith(TOKEN_RESPONDER_PREFIX) and channel.may_assert(principal)
 
 
 def _read(path: Path) -> bytes:
@@ -201,7 +225,8 @@ def hand_out(keys_dir: Path, service: str, folder: Path) -> list[Path]:
     each replaced whole. The files written; those of a store not in use are skipped."""
     written = []
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for name in HELD_BY[service]:
+    held = HELD_BY[service] if service in HELD_BY else adapter_files(service.removeprefix("channel-"))
+    for name in held:
         source = keys_dir / name
         if not source.exists():
             continue

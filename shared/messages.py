@@ -8,12 +8,14 @@ caused it, a schema version and the time it was made.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 SCHEMA_VERSION: Literal[1] = 1
 Identifier = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -119,6 +121,19 @@ class ToolDescription(Model):
     parameters: dict[str, Any]
 
 
+class FiledBy(Model):
+    """Where a filed call came from, as the card says it: the program (its principal),
+    the origin it speaks for, its own call id and thread, its one-line summary, and
+    whether the tool (and its schema) is the caller's word rather than the catalogue's."""
+
+    program: str = Field(max_length=256)
+    origin: str = Field(max_length=100)
+    caller_call_id: str = Field(max_length=256)
+    thread: str | None = Field(default=None, max_length=256)
+    summary: str | None = Field(default=None, max_length=300)
+    declared_by_caller: bool = False
+
+
 class ApprovalCard(Model):
     """What the person sees (invariant 6): credentials redacted, nothing else hidden."""
 
@@ -139,6 +154,9 @@ class ApprovalCard(Model):
     # diff, secrets hidden). The arguments above are then the edited ones.
     edited_by: str | None = Field(default=None, max_length=256)
     edit: str | None = Field(default=None, max_length=2000)
+    # A call filed by a program through the intake (`FileCall`), not made by Signoff's
+    # own model: who filed it, for which origin, and what it said. None otherwise.
+    filed: FiledBy | None = None
 
 
 # --- commands ---------------------------------------------------------------
@@ -153,6 +171,10 @@ class StartTurn(Envelope):
     # on the session for its first turn, so that a tool that forbids it can refuse the
     # starter's approval (separation of duties, docs/design.md "Trust boundaries").
     started_by: str | None = Field(default=None, min_length=1, max_length=256)
+    # The caller's name for this turn: a start with a key the session's turns already
+    # used starts nothing and is answered with that turn (`turn.repeated` in the audit
+    # log); the same key with another text or starter is refused (`idempotency_key_reused`).
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
 
 
 class CancelTurn(Envelope):
@@ -169,7 +191,7 @@ class CancelTurn(Envelope):
 
 
 class Remember(Model):
-    """Approve and remember (issue 23, section 3): the approval also grants later calls
+    """Approve and remember: the approval also grants later calls
     of the same tool in the same session, on `target` (the card's target as shown;
     None: any target of the tool), for `hours` (None: the rest of the session), with no
     card. The ledger decides whether it may (`decision_rules.may_remember`)."""
@@ -190,6 +212,100 @@ class RevokeGrant(Envelope):
     reason: PersonText = ""
 
 
+# The intake: calls filed by programs (any agent) rather than made by Signoff's model.
+# A caller's own text: bounded, printable (no control or format characters, which a
+# card could not show as they are), never empty.
+CallerId = Annotated[str, Field(min_length=1, max_length=256)]
+OriginName = Annotated[str, Field(max_length=100, pattern=r"^[a-z][a-z0-9-]{0,31}:[A-Za-z0-9._-]{1,64}$")]
+CallerToolName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")]
+TokenHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+def printable(text: str | None) -> str | None:
+    """The text, if it holds no control or format character (Unicode Cc, Cf, Zl, Zp):
+    a caller's summary, call id or thread is shown on a card and in logs as written."""
+    if text is not None and any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text):
+        raise ValueError("holds a control or format character")
+    return text
+
+
+def filed_session_id(program: str, caller_call_id: str) -> str:
+    """The session a filed call lives in, from who filed it and their own call id: the
+    same call filed again, by any route, any number of times, locks the same session
+    row, so the ledger sees each filing of it one after the other."""
+    digest = hashlib.sha256(b"signoff-filed-call\0" + program.encode() + b"\0" + caller_call_id.encode())
+    return "ses_" + digest.hexdigest()[:32]
+
+
+def claim_token_hash(token: str) -> str:
+    """What the ledger keeps of a claim token, and what claims and reports carry: the
+    token itself stays with the caller (and the gateway that relays it)."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+class FileCall(Envelope):
+    """A program files a tool call for sign-off (the intake). The ledger judges it by the
+    operator's catalogue only: the origin must be declared there and name the program,
+    the tool must be in the origin's declared set (or the origin must declare a default
+    for tools the catalogue does not know), and the arguments must fit the tool's
+    schema. Idempotent by (program, caller_call_id): `session_id` must be
+    `filed_session_id(program, caller_call_id)`, and the same call filed again changes
+    nothing (with other arguments it is refused, `call_id_reused`)."""
+
+    type: Literal["call.file"] = "call.file"
+    program: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    origin: OriginName
+    tool: CallerToolName
+    arguments: dict[str, Any]
+    caller_call_id: CallerId
+    thread: str | None = Field(default=None, min_length=1, max_length=256)
+    summary: str | None = Field(default=None, min_length=1, max_length=300)
+
+    @field_validator("caller_call_id", "thread", "summary")
+    @classmethod
+    def _printable(cls, text: str | None) -> str | None:
+        return printable(text)
+
+    @field_validator("arguments")
+    @classmethod
+    def _only_json_numbers(cls, arguments: dict[str, Any]) -> dict[str, Any]:
+        if not _finite(arguments):
+            raise ValueError("tool arguments hold a number JSON cannot carry (NaN or Infinity)")
+        return arguments
+
+
+class ClaimCall(Envelope):
+    """`runs: caller`: the program that filed an approved call claims it, to run it itself.
+    Granted once, to one token (its hash here), for `lease_seconds`; claimed again with the
+    same token it is the same claim; any other claim is refused, naming the holder."""
+
+    type: Literal["call.claim"] = "call.claim"
+    call_id: Identifier
+    program: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    claim_token_hash: TokenHash
+    lease_seconds: int = Field(default=300, ge=5, le=24 * 3600)
+    # Who claims, as the caller names itself (a host, a worker): a second claim's refusal names it.
+    holder: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("holder")
+    @classmethod
+    def _printable(cls, text: str | None) -> str | None:
+        return printable(text)
+
+
+class ReportCallResult(Envelope):
+    """`runs: caller`: how the claimed call ended, reported with its claim token (its hash),
+    once. The ledger closes the call with it (an `output` or an `error`)."""
+
+    type: Literal["call.report"] = "call.report"
+    call_id: Identifier
+    program: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    claim_token_hash: TokenHash
+    outcome: Literal["output", "error"]
+    output: Any = None
+    error: ShortText | None = None
+
+
 class RespondToApproval(Envelope):
     """A person's answer, signed by the channel adapter that authenticated them.
 
@@ -200,7 +316,9 @@ class RespondToApproval(Envelope):
 
     type: Literal["approval.respond"] = "approval.respond"
     request_id: Identifier
-    decision: Literal["approve", "deny"]
+    # `respond`: the person answers in the tool's place; the call does not run, and their
+    # `message` is what the model reads as the tool's result.
+    decision: Literal["approve", "deny", "respond"]
     args_digest: str = Field(max_length=100)
     reason: PersonText = ""
     message: PersonText = ""
@@ -223,6 +341,13 @@ class RespondToApproval(Envelope):
     # Approve and remember: the grant the person asked for with this approval (signed,
     # so a channel cannot widen it; refused as a whole if the ledger may not give it).
     remember: Remember | None = None
+
+    @model_validator(mode="after")
+    def _an_answer_says_something(self) -> RespondToApproval:
+        # The answer is the tool's result: an empty one would tell the model nothing.
+        if self.decision == "respond" and not self.message.strip():
+            raise ValueError("a respond decision carries the person's answer in `message`")
+        return self
 
     def signed_part(self) -> dict[str, Any]:
         signed: dict[str, Any] = {
@@ -253,14 +378,21 @@ class RequestModelStep(Envelope):
     """A model step, by reference (claim-check): the transcript is not carried but named,
     its first `transcript_length` entries in the ledger with their digest, which the
     model-step reads and checks. The command, and its outbox row, stay the same size
-    however long the session grows (docs/design.md, "Bounded messages")."""
+    however long the session grows (docs/design.md, "Bounded messages"). The tools the
+    model is offered are named the same way: `tools_digest` names the catalogue's tool
+    descriptions, stored once in the ledger (`tool_menus`), which the model-step reads,
+    checks and keeps (shared/tool_menu.py)."""
 
     type: Literal["step.requested"] = "step.requested"
     step_id: Identifier
     provider: str = Field(max_length=64, pattern=r"^[a-z0-9_-]+$")
     transcript_length: int = Field(ge=0)
     transcript_digest: str = Field(max_length=80, pattern=r"^sha256:[0-9a-f]{64}$")
-    tools: list[ToolDescription]
+    # The digest of the tool menu offered (sha256 of the descriptions' canonical JSON).
+    tools_digest: str | None = Field(default=None, max_length=80, pattern=r"^sha256:[0-9a-f]{64}$")
+    # The descriptions themselves, as steps asked for before menus were named: used only
+    # when `tools_digest` is None. The ledger no longer fills it.
+    tools: list[ToolDescription] = []
 
 
 class ExecuteTool(Envelope):
@@ -376,7 +508,7 @@ class ApprovalDecided(Envelope):
     type: Literal["approval.decided"] = "approval.decided"
     request_id: Identifier
     call_id: Identifier
-    decision: Literal["approve", "deny"]
+    decision: Literal["approve", "deny", "respond"]
     reason: str = ""
     responder: str
 
@@ -421,6 +553,15 @@ class TurnCancelled(Envelope):
     reason: str = ""
 
 
+class TurnRepeated(Envelope):
+    """The answer to a start whose idempotency key already started a turn of the
+    session: nothing new starts; this names the turn that key started."""
+
+    type: Literal["turn.repeated"] = "turn.repeated"
+    turn_id: Identifier
+    idempotency_key: str = Field(max_length=200)
+
+
 class MessageRejected(Envelope):
     """The machine-readable answer to input that does not fit (invariant 9)."""
 
@@ -439,6 +580,9 @@ LEDGER_INPUTS = (
     ModelStepCompleted,
     ToolExecuted,
     RefuseExecution,
+    FileCall,
+    ClaimCall,
+    ReportCallResult,
 )
 SERVICE_COMMANDS = (RequestModelStep, ExecuteTool)
 # Every event, written once: `Event` validates any of them, `AnyMessage` any message.
@@ -453,6 +597,7 @@ Events = (
     | TurnCompleted
     | TurnFailed
     | TurnCancelled
+    | TurnRepeated
     | MessageRejected
 )
 Event = Annotated[Events, Field(discriminator="type")]
@@ -465,6 +610,9 @@ AnyMessage = Annotated[
     | ModelStepCompleted
     | ToolExecuted
     | RefuseExecution
+    | FileCall
+    | ClaimCall
+    | ReportCallResult
     | RequestModelStep
     | ExecuteTool
     | Events,

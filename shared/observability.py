@@ -25,10 +25,31 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
+from errno import EADDRINUSE
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 log = logging.getLogger("signoff.observability")
+
+# The exit code of a process that cannot start as configured (sysexits.h's EX_CONFIG):
+# a restart would fail the same way, so `signoff up` says why once and stops, instead
+# of restarting it forever.
+CANNOT_START = 78
+
+
+class CannotListen(SystemExit):
+    """A port this process must listen on cannot be had: most often another process (a
+    second deployment on this machine) holds it. Exits with CANNOT_START, saying which
+    setting moves it."""
+
+    def __init__(self, service: str, what: str, host: str, port: int, error: OSError, setting: str) -> None:
+        self.exit_code = CANNOT_START
+        held = " (another process holds it: a second deployment on this machine?)" if error.errno == EADDRINUSE else ""
+        super().__init__(
+            f"signoff: {service} cannot listen on {host}:{port} for {what}: {error.strerror or error}{held}; "
+            f"set {setting} to a free port"
+        )
+
 
 # --- messages (every consumer and sender) -------------------------------------------
 MESSAGES_CONSUMED = Counter(
@@ -69,18 +90,18 @@ APPROVALS_REQUESTED = Counter(
 )
 APPROVAL_OUTCOMES = Counter(
     "signoff_approval_decisions_total",
-    "Approval requests closed, by outcome: approved, denied, expired, cancelled",
+    "Approval requests closed, by outcome: approved, denied, answered, expired, cancelled",
     ["tool", "outcome"],
 )
 TIME_TO_DECISION = Histogram(
     "signoff_approval_decision_seconds",
-    "Time from an approval request being committed to its decision (approve or deny)",
+    "Time from an approval request being committed to its decision (approve, deny or respond)",
     ["tool"],
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600),
 )
 CALLS_CLOSED = Counter(
     "signoff_tool_calls_closed_total",
-    "Tool calls closed by the ledger, by tool and outcome (output, error, denied, expired, "
+    "Tool calls closed by the ledger, by tool and outcome (output, error, denied, answered, expired, "
     "cancelled, outcome_unknown, ...)",
     ["tool", "outcome"],
 )
@@ -260,10 +281,7 @@ class Health:
         try:
             self.server = await asyncio.start_server(self._answer, host, port)
         except OSError as error:
-            raise SystemExit(
-                f"signoff: {self.service} cannot serve metrics on {host}:{port} ({error}); set "
-                "SIGNOFF_METRICS_PORT to a free port, or 0 for none"
-            ) from None
+            raise CannotListen(self.service, "metrics", host, port, error, "SIGNOFF_METRICS_PORT (0: none)") from None
         log.info("%s metrics on http://%s:%d/metrics (/healthz, /readyz)", self.service, host, port)
 
     async def stop(self) -> None:

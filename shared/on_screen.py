@@ -26,7 +26,11 @@ So every such text is shown here as escapes a person can read:
 - a value longer than its limit cut, with `(N more characters)` after it, so
   the tool, the target, the digest and the question stay on screen.
 
-Pure: text in, text out.
+Pure: text in, text out. `card_face` is the one place that turns a request's card into
+what every channel shows of it (the console's frame, the inbox, Slack, email, the SDK's
+`signoff.channel.describe`), and `card_rows` the one place that turns that into the
+card's lines of text (the console, email, the SDK): each channel lays these out and
+escapes them for its medium, none re-derives them.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import idna
+
+from shared.redaction import redact_text, redact_value
 
 # Code points that are letters (so no category catches them) yet render as blank space.
 _BLANK_LETTERS = frozenset({"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"})
@@ -61,6 +68,106 @@ VALUE_CHARS = 200
 TEXT_CHARS = 1000
 FIELD_CHARS = 120
 ARGUMENT_LINES = 200
+
+
+@dataclass(frozen=True)
+class CardFace:
+    """A request's card as a person is shown it, every value already through `visible`:
+    what a channel lays out (and escapes for its medium), never the raw card."""
+
+    request: str
+    label: str
+    tool: str
+    effect: str
+    target: str
+    # Why it needs a person, and from how many (the tool's rule); "" on cards made before rules.
+    reason: str
+    warnings: list[str]
+    # The (redacted) arguments laid out as `json.dumps(indent=2)` would, one line each.
+    arguments: list[str]
+    # The arguments withheld from everyone but the executor, each name shown.
+    hidden: list[str]
+    digest: str
+    # Who filed the call, for whom, and what they said of it (a call filed through the
+    # intake); "" for a call Signoff's own model made.
+    filed: str = ""
+
+
+def card_face(request_id: str, card: dict[str, Any], digest: str) -> CardFace:
+    """What a person is shown of a card. Everything on it comes from outside (the model
+    wrote the arguments, and so the target), so every value is shown by `visible`, the
+    arguments and target redacted, and a look-alike host in them warned of."""
+    target = visible(redact_text(str(card.get("target", ""))), TARGET_CHARS)
+    arguments = redact_value(card.get("arguments", {}))
+    warnings = host_warnings(redact_text(str(card.get("target", "")))) + [
+        w for text in _strings(arguments) for w in host_warnings(text)
+    ]
+    return CardFace(
+        request=visible(request_id, FIELD_CHARS),
+        label=visible(card.get("label", ""), FIELD_CHARS),
+        tool=visible(card.get("tool", ""), FIELD_CHARS),
+        effect=visible(card.get("effect", ""), FIELD_CHARS),
+        target=target,
+        reason=visible(str(card["reason"]), TEXT_CHARS) if card.get("reason") else "",
+        warnings=list(dict.fromkeys(warnings)),
+        arguments=json_lines(arguments),
+        hidden=[visible(h, FIELD_CHARS) for h in card.get("hidden") or []],
+        digest=visible(digest, FIELD_CHARS),
+        filed=filed_by(card.get("filed")),
+    )
+
+
+def filed_by(filed: dict[str, Any] | None) -> str:
+    """Who filed a call and for whom (the program, the origin it speaks for), whether the
+    tool is the caller's own word, and the caller's one-line summary."""
+    if not filed:
+        return ""
+    by = f"{visible(filed.get('program', ''), 100)} for {visible(filed.get('origin', ''), 100)}"
+    declared = " (a tool the caller declared)" if filed.get("declared_by_caller") else ""
+    summary = f": {visible(filed['summary'], TARGET_CHARS)}" if filed.get("summary") else ""
+    return by + declared + summary
+
+
+def card_headline(face: CardFace) -> str:
+    """The card's first line where it stands alone (an email, a chat message)."""
+    return f"Approval needed: {face.label} ({face.tool}, effect: {face.effect})"
+
+
+def card_rows(
+    face: CardFace, *, details: Sequence[tuple[str, str]] = (), notes: Sequence[tuple[str, str]] = ()
+) -> list[str]:
+    """The card's lines of text below its headline, the same in every text medium (the
+    console's frame, an email, `signoff.channel.describe`): the request, the target, why
+    it needs a person, who filed it, the warnings, the arguments as `json_lines` lays
+    them out, the hidden ones, the digest last. `details`: a medium's own labelled lines
+    after those that say what the call is (an email's expiry); `notes`: before the digest
+    (the console's escalation)."""
+    lines = [_row("request", face.request), _row("target", face.target)]
+    if face.reason:
+        # Why it needs approval, and from how many: the tool's rule over these arguments.
+        lines.append(_row("why", face.reason))
+    if face.filed:
+        lines.append(_row("filed by", face.filed))
+    lines += [_row(label, value) for label, value in details]
+    lines += [_row("WARNING", w) for w in face.warnings]
+    lines += face.arguments
+    if face.hidden:
+        lines.append(_row("hidden", f"{', '.join(face.hidden)} (secret: withheld from everyone but the executor)"))
+    lines += [_row(label, value) for label, value in notes]
+    lines.append(_row("digest", face.digest))
+    return lines
+
+
+def _row(label: str, value: str) -> str:
+    return f"{label + ':':<10} {value}"
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ Likewise a Redis ACL user per service that uses Redis, and a PostgreSQL role per
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -19,13 +18,12 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 import httpx
-from faststream.rabbit import RabbitBroker
 
-from shared.amqp_hosts import failover_broker, split_hosts
+from shared.amqp_hosts import connect_robust
 from shared.consuming import declare
 from shared.ledger import roles
 
-# Re-exported: `signoff status` names the roles (services/status.py).
+# Re-exported: `signoff status` names the roles (services/operations/status.py).
 from shared.ledger.roles import DATABASE_IDENTITIES as DATABASE_IDENTITIES
 from shared.redaction import redact_text
 from shared.settings import Settings, without_password
@@ -238,14 +236,11 @@ async def provision_broker(settings: Settings, channels: list[str], made: Made |
         done += await _identities(settings, topology, channels, made or Made())
     else:
         done.append("no broker identities (SIGNOFF_BROKER_IDENTITIES=false): everyone connects as one user")
-    broker = RabbitBroker(split_hosts(settings.amqp_url)[0], log_level=logging.DEBUG)
-    failover_broker(broker, settings.amqp_url)
     try:
-        await broker.connect()
-        try:
-            await declare(broker, topology)
-        finally:
-            await broker.stop()
+        # The same aio-pika connection the services' `Bus` opens (every node of a cluster).
+        connection = await connect_robust(settings.amqp_url)
+        async with connection:
+            await declare(await connection.channel(), topology)
     except Exception as error:
         raise SetupFailed("RabbitMQ", settings.rabbitmq_url, error, _advice("RabbitMQ", error)) from None
     done.append(f"declared the exchanges and queues of namespace {settings.namespace}")
@@ -322,6 +317,9 @@ def redis_acl_rules(settings: Settings, name: str, password: str) -> list[str]:
         "resetchannels",
         "-@all",
         *REDIS_COMMANDS[name],
+        # SIGNOFF_REDIS_URL's database index and no other: a client SELECTs it on every
+        # connection (redis-py: unless it is 0), and a user that may not is refused all.
+        f"+select|{settings.redis_database}",
     ]
 
 

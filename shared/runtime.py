@@ -93,6 +93,8 @@ class Runtime:
         # /metrics, /healthz, /readyz; each service adds what it needs beyond the broker.
         self.health = Health(name)
         self.health.add("broker", self._broker_connected)
+        # What SIGHUP (`signoff reload`) reads again: each service adds its files (the tools file, …).
+        self.reloads: list[Callable[[], None]] = []
 
     async def expose(self) -> None:
         """Serve /metrics, /healthz and /readyz (before anything slow, so a probe sees the process live)."""
@@ -176,6 +178,7 @@ class Runtime:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGUSR1, self._write_statement_counts)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
         async with AsyncExitStack() as stack:
             await self.expose()
             stack.push_async_callback(self.health.stop)
@@ -195,6 +198,17 @@ class Runtime:
             if task is not None:
                 task.cancel()
             log.info("%s stopping", self.name)
+
+    def on_reload(self, reread: Callable[[], None]) -> None:
+        self.reloads.append(reread)
+
+    def reload(self) -> None:
+        """SIGHUP: read the service's files again; each keeps what it had when its new file is refused."""
+        for reread in self.reloads:
+            try:
+                reread()
+            except Exception:
+                log.exception("%s could not reload", self.name)
 
     def _write_statement_counts(self) -> None:
         """`make bench` asks (SIGUSR1) how much SQL this process sent so far:

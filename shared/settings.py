@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.ledger.urls import LedgerLogin
+from shared.ledger_urls import LedgerLogin
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 AMQP_HANDSHAKE_SECONDS = 10
@@ -21,24 +21,31 @@ AMQP_HANDSHAKE_SECONDS = 10
 
 class Settings(BaseSettings, LedgerLogin):
     # The ledger's URL, which database it is and each service's login to it: `LedgerLogin`
-    # (shared/ledger/urls.py), where every database detail lives.
+    # (shared/ledger_urls.py), where every database detail lives.
     model_config = SettingsConfigDict(env_prefix="SIGNOFF_", extra="ignore")
 
+    # Where a deployment keeps its files: the SQLite ledger, keys, logs, tools' output.
     data_dir: Path = Path("data")
     # Empty means the embedded default: a SQLite file under data_dir.
     database_url: str = ""
     # PostgreSQL only: every table lives in this schema (tests use one each).
     database_schema: str | None = None
+    # RabbitMQ: `signoff setup` connects with this URL's user (the administrator); each
+    # service then connects as its own broker user (amqp_login), on its hosts.
     rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"
     # Redis: `signoff setup` logs in with this URL's user (the administrator); each
-    # service then logs in as its own Redis user, limited to its own keys (redis_login).
+    # service then logs in as its own Redis user, limited to its own keys and to this
+    # URL's database index (redis_login).
     redis_url: str = "redis://localhost:6379/0"
     # Prefix of every exchange, queue and Redis key, so deployments and tests
     # can share one broker without seeing each other.
     namespace: str = "signoff"
 
+    # The tool catalogue: each tool, its arguments, and who must approve it (deploy/tools.yaml).
     tools_file: Path = PROJECT_ROOT / "deploy" / "tools.yaml"
+    # The model provider of new sessions: `scripted` (a script file, no model), `openai` or `anthropic`.
     provider: str = "scripted"
+    # The scripted provider's replies (deploy/script.yaml).
     script_file: Path = PROJECT_ROOT / "deploy" / "script.yaml"
 
     # Lifecycle hooks (webhooks); none when unset. See deploy/hooks.example.yaml.
@@ -46,6 +53,7 @@ class Settings(BaseSettings, LedgerLogin):
 
     # Log lines: `json` (one object a line), `text`, or `auto`: text on a terminal, JSON otherwise.
     log_format: Literal["auto", "json", "text"] = "auto"
+    # The largest message a consumer accepts; a larger one is dead-lettered with a reason.
     max_message_bytes: int = 256 * 1024
     # How much of a tool's result the model reads: a longer one reaches it truncated, with
     # a marker saying so; the ledger keeps it whole (the call's closure).
@@ -56,9 +64,12 @@ class Settings(BaseSettings, LedgerLogin):
     delivery_limit: int = 20
     # The inbound queues' type: "quorum" (replicated; RabbitMQ counts deliveries and
     # parks at the limit) or "classic" (version 2; less broker CPU per message, one
-    # copy, the consumer counts failed deliveries itself). docs/performance.md, "Queue types".
+    # copy, the consumer counts failed deliveries itself). docs/benchmarks.md, "Queue types".
     queue_type: Literal["quorum", "classic"] = "quorum"
+    # How many unacknowledged messages each consumer holds at once.
     prefetch: int = 64
+    # The most outbox rows the publisher relays in one batch, and how often it looks for
+    # new ones when no notification wakes it (SQLite has none).
     publisher_batch: int = 500
     publisher_poll_seconds: float = 0.02
     # How long an executor's claim on a call stays live without a heartbeat.
@@ -109,10 +120,10 @@ class Settings(BaseSettings, LedgerLogin):
     # logs in as SIGNOFF_DATABASE_URL's user.
     database_identities: bool = True
     # `signoff up` run as root runs each service as its own system user, holding only its
-    # own files (services/service_users.py); true: every service as root, sharing every
+    # own files (services/operations/service_users.py); true: every service as root, sharing every
     # key: a single-user development deployment, as it says at start. Never in production.
     single_user: bool = False
-    # The tool launcher's socket (services/tool_launcher.py): set, every python tool is
+    # The tool launcher's socket (services/operations/tool_launcher.py): set, every python tool is
     # started through it, as `signoff-tools`, and a call fails if it cannot be reached;
     # unset, an executor that is root starts tools as `signoff-tools` itself, and one that
     # is not runs them as its own user. `signoff up` as root, compose and Kubernetes set it.
@@ -120,7 +131,7 @@ class Settings(BaseSettings, LedgerLogin):
     # Python tools forked, one child per call, from a fork server of the tools' user that
     # has imported the interpreter's start-up once (services/tool_executor/tool_process.py
     # `serve`; the executor's, or the tool launcher's, which reads this variable too);
-    # off: a fresh interpreter per call, as before (an A/B, docs/performance.md).
+    # off: a fresh interpreter per call, as before (docs/benchmarks.md).
     tool_fork_server: bool = True
     # Each process serves /metrics, /healthz and /readyz here (shared/observability.py);
     # port 0: none. `signoff up` gives its children this port plus their index.
@@ -135,6 +146,15 @@ class Settings(BaseSettings, LedgerLogin):
     def _namespace_is_a_name(cls, value: str) -> str:
         if not value or not all(c.isalnum() or c in "-_" for c in value):
             raise ValueError("namespace must be letters, digits, '-' or '_'")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_database_is_an_index(cls, value: str) -> str:
+        url = urlsplit(value)
+        index = parse_qs(url.query).get("db", [url.path.strip("/") or "0"])[0]
+        if not index.isdigit():
+            raise ValueError(f"the database index of SIGNOFF_REDIS_URL must be a number, not {index!r}")
         return value
 
     @property
@@ -185,6 +205,12 @@ class Settings(BaseSettings, LedgerLogin):
 
     def redis_password_file(self, name: str) -> Path:
         return self.keys_path / "redis" / f"{name}.password"
+
+    @property
+    def redis_database(self) -> int:
+        """SIGNOFF_REDIS_URL's database index, as redis-py reads it: `?db=`, else the path, else 0."""
+        url = urlsplit(self.redis_url)
+        return int(parse_qs(url.query).get("db", [url.path.strip("/") or "0"])[0])
 
     def redis_login(self, name: str) -> str:
         """The Redis URL `name` (a service) logs in with: its own ACL user and the

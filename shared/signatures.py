@@ -41,17 +41,45 @@ class Unverified(Exception):
 
 
 def canonical(value: Any) -> bytes:
-    """RFC 8785 canonical JSON: the same bytes for the same value, wherever it is made."""
-    return rfc8785.dumps(_plain(value))
+    """RFC 8785 canonical JSON: the same bytes for the same value, wherever it is made.
+    For what seals and the audit chain hold (strings, ASCII keys, integers within
+    JavaScript's safe range, booleans, null), RFC 8785's bytes are exactly the standard
+    library's sorted, compact, non-ASCII-kept JSON, which costs a fifth of `rfc8785`'s
+    (pure Python): taken then. Anything else (a float, a larger integer, a key beyond
+    ASCII, whose RFC 8785 order is by UTF-16 code units) goes through `rfc8785`."""
+    simple = [True]
+    plain = _plain(value, simple)
+    if simple[0]:
+        try:
+            return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError):  # a lone surrogate, a type JSON has not: rfc8785 says why
+            pass
+    return rfc8785.dumps(plain)
 
 
-def _plain(value: Any) -> Any:
+# JavaScript's safe integers: RFC 8785 writes numbers as ECMAScript does.
+_SAFE_INTEGER = 2**53 - 1
+
+
+def _plain(value: Any, simple: list[bool]) -> Any:
+    """`value` as JSON values (datetimes as ISO text, keys as text); `simple[0]` set False
+    for anything the standard library would not write as RFC 8785 does."""
+    if isinstance(value, str) or value is None or value is True or value is False:
+        return value
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        plain = {}
+        for k, v in value.items():
+            key = str(k)
+            if not key.isascii():
+                simple[0] = False
+            plain[key] = _plain(v, simple)
+        return plain
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, simple) for v in value]
+    if type(value) is not int or not -_SAFE_INTEGER <= value <= _SAFE_INTEGER:
+        simple[0] = False
     return value
 
 

@@ -5,7 +5,7 @@ as the executor's user, which can read the executor's broker, database and Redis
 passwords. When the executor is root it starts the tool's process itself and the
 process becomes TOOLS_USER. When it is not (under `signoff up` as root it is
 `signoff-tool-executor`; in the image it is `signoff`), a tool launcher
-(services/tool_launcher.py), a small root process holding no credential of
+(services/operations/tool_launcher.py), a small root process holding no credential of
 Signoff's, starts the process as TOOLS_USER for it.
 
 The protocol, on a SOCK_SEQPACKET Unix socket (one message a record):
@@ -29,6 +29,7 @@ from __future__ import annotations
 import pwd
 import re
 import subprocess
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, field_validator
@@ -40,6 +41,13 @@ MESSAGE_BYTES = 16 * 1024
 # What the tool's process is started with besides HOME (the launcher's tools folder):
 # what any program expects to find, never a secret (those come on its stdin).
 PASSED_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+def tool_data_dir(data_dir: Path) -> Path:
+    """The python tools' folder in a deployment's data folder (their `context.data_dir`):
+    theirs alone, apart from the keys, the ledger file and the logs; the launcher hands it
+    to TOOLS_USER."""
+    return data_dir / "tools"
 
 
 class ToolUserMissing(Exception):

@@ -5,7 +5,7 @@ broker without seeing each other. The inbound queues are durable quorum queues
 with an explicit delivery limit (RabbitMQ 3.10 sets none) and a dead-letter
 exchange; or, by the setting `queue_type`, durable classic queues (version 2),
 which cost the broker less per message but keep one copy and count no
-deliveries (docs/performance.md, "Queue types").
+deliveries (docs/benchmarks.md, "Queue types").
 
 Each sender has an exchange of its own, and only its broker identity may write
 it (docs/design.md, "Trust boundaries"): channel adapters publish turns and
@@ -19,9 +19,8 @@ tool running inside the executor, cannot even put an approval on the bus.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
-from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from shared.messages import Envelope
 
@@ -34,6 +33,10 @@ LEDGER_QUEUES = {
     "step.completed": "ledger.steps",
     "tool.completed": "ledger.tools",
     "execution.refused": "ledger.refusals",
+    # The intake: calls filed by programs, their claims and their results (runs: caller).
+    "call.file": "ledger.calls",
+    "call.claim": "ledger.call-claims",
+    "call.report": "ledger.call-results",
 }
 SERVICE_QUEUES = {
     "step.requested": "model-step.requests",
@@ -49,6 +52,9 @@ SENDERS = {
     "step.completed": "model-step",
     "tool.completed": "tool-executor",
     "execution.refused": "tool-executor",
+    "call.file": "channel",
+    "call.claim": "channel",
+    "call.report": "channel",
     "step.requested": "publisher",
     "tool.execute": "publisher",
 }
@@ -74,6 +80,26 @@ class Permissions:
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """An exchange as `signoff setup` declares it (durable); the services only name it."""
+
+    name: str
+    kind: Literal["direct", "topic", "fanout"] = "direct"
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue as `signoff setup` declares it: durable, with these arguments, bound to its
+    exchange by `routing_key` (the dead-letter queues: by none, their exchange is a fanout).
+    Plain data: what declares it is aio-pika (`shared.consuming.declare`), and only the
+    AsyncAPI document (shared/contract.py) turns it into FastStream's description."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict, hash=False)
+    routing_key: str = ""
+
+
+@dataclass(frozen=True)
 class Topology:
     namespace: str
     delivery_limit: int = 20
@@ -83,74 +109,53 @@ class Topology:
     def _name(self, short: str) -> str:
         return f"{self.namespace}.{short}"
 
-    def exchange(self, short: str, kind: ExchangeType = ExchangeType.DIRECT) -> RabbitExchange:
+    def exchange(self, short: str, kind: Literal["direct", "topic", "fanout"] = "direct") -> Exchange:
         # Not declared by the services (they may not): `signoff setup` declares the topology.
-        return RabbitExchange(self._name(short), type=kind, durable=True, declare=False)
+        return Exchange(self._name(short), kind)
 
     @property
-    def commands(self) -> RabbitExchange:
+    def commands(self) -> Exchange:
         return self.exchange("commands")
 
     @property
-    def events(self) -> RabbitExchange:
+    def events(self) -> Exchange:
         """Channel adapters bind here by `<event type>.<session id>`, e.g. `approval.requested.*`."""
-        return self.exchange("events", ExchangeType.TOPIC)
+        return self.exchange("events", "topic")
 
     @property
-    def dead(self) -> RabbitExchange:
-        return self.exchange("dead", ExchangeType.FANOUT)
+    def dead(self) -> Exchange:
+        return self.exchange("dead", "fanout")
 
     @property
-    def dead_letter_queue(self) -> RabbitQueue:
+    def dead_letter_queue(self) -> Queue:
         """No delivery limit: listing parked messages returns them unacked, and that
         must never count against them (`signoff dead-letters`)."""
-        return RabbitQueue(
-            self._name("dead-letters"),
-            queue_type=QueueType.QUORUM,
-            durable=True,
-        )
+        return Queue(self._name("dead-letters"), {"x-queue-type": "quorum"})
 
     @property
-    def parked_queue(self) -> RabbitQueue:
+    def parked_queue(self) -> Queue:
         """A copy of every parked message, for the ledger: one that a session was
         waiting on fails its turn with the reason, so no session is stuck. No
         dead-letter exchange of its own (that would loop); a copy it cannot handle
         is dropped after the delivery limit, the original stays parked."""
-        return RabbitQueue(
-            self._name("ledger.parked"),
-            queue_type=QueueType.QUORUM,
-            durable=True,
-            arguments={"x-delivery-limit": self.delivery_limit},
-        )
+        return Queue(self._name("ledger.parked"), {"x-queue-type": "quorum", "x-delivery-limit": self.delivery_limit})
 
     def queue_name(self, short: str) -> str:
         return self._name(short)
 
-    def queue(self, short: str, routing_key: str) -> RabbitQueue:
+    def queue(self, short: str, routing_key: str) -> Queue:
         if self.queue_type == "classic":
             # No delivery limit on a classic queue: Inbound counts failed deliveries itself.
-            return RabbitQueue(
-                self.queue_name(short),
-                queue_type=QueueType.CLASSIC,
-                durable=True,
-                routing_key=routing_key,
-                arguments={"x-queue-version": 2, "x-dead-letter-exchange": self.dead.name},
-            )
-        return RabbitQueue(
-            self.queue_name(short),
-            queue_type=QueueType.QUORUM,
-            durable=True,
-            routing_key=routing_key,
-            arguments={
-                "x-delivery-limit": self.delivery_limit,
-                "x-dead-letter-exchange": self.dead.name,
-            },
-        )
+            arguments: dict[str, Any] = {"x-queue-type": "classic", "x-queue-version": 2}
+        else:
+            arguments = {"x-queue-type": "quorum", "x-delivery-limit": self.delivery_limit}
+        arguments["x-dead-letter-exchange"] = self.dead.name
+        return Queue(self.queue_name(short), arguments, routing_key)
 
-    def inbound_queue(self, message_type: str) -> RabbitQueue:
+    def inbound_queue(self, message_type: str) -> Queue:
         return self.queue(COMMAND_TYPES[message_type], message_type)
 
-    def inbound_exchange(self, message_type: str) -> RabbitExchange:
+    def inbound_exchange(self, message_type: str) -> Exchange:
         """The exchange a command arrives through: its sender's own."""
         return self.exchange(SENDER_EXCHANGES[SENDERS[message_type]])
 

@@ -18,32 +18,82 @@ assert) and has a broker user of its own, `<ns>.channel.<name>`. The adapter
   clicked by someone the channel did not authenticate; recorded as `token:<channel>`);
 - publishes it to `<ns>.channels` with the AMQP `user_id` of its connection, which
   RabbitMQ checks: the ledger knows which channel sent it and whether that channel
-  may assert the responder.
+  may assert the responder;
+- with `verdict_within`, waits for the ledger's answer to it and raises `Refused` when
+  the ledger refused it (a channel not registered, a person it may not assert, a
+  non-approver): a chat bot can tell the person at once, not only the bus.
 
-It uses the contract's models (shared/messages.py) and signing (shared/signatures.py),
-both installed with this package; it imports no service.
+It uses the contract's models (shared/messages.py), the one builder and signer of a
+response (shared/responses.py), the services' own AMQP connection and publish
+(shared/bus.py, `shared.consuming.send`) and the one drawing of a card
+(`shared.on_screen.card_rows`), all installed with this package; it imports no service.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import aio_pika
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 from yarl import URL
 
-from shared.messages import EVENT, ApprovalEscalated, ApprovalRequested, Envelope, RespondToApproval, encode
-from shared.signatures import load_private_key, sign
+from shared import consuming
+from shared.amqp_hosts import split_hosts
+from shared.bus import Bus
+from shared.messages import (
+    EVENT,
+    ApprovalCounted,
+    ApprovalDecided,
+    ApprovalEscalated,
+    ApprovalRequested,
+    Envelope,
+    MessageRejected,
+    RespondToApproval,
+)
+from shared.on_screen import card_face, card_headline, card_rows
+from shared.responses import ResponseSigner
+from shared.signatures import load_private_key
+from shared.topology import Topology
+
+from .models import Card
 
 # Who a token response is recorded as: the channel that received the click, never a person
 # (services/approval_ledger/domain.py `token_responder`; the contract, not an import of a service).
 TOKEN_RESPONDER_PREFIX = "token:"
 # A card a person may answer: a new request, or one announced again to its escalation group.
 CardEvent = ApprovalRequested | ApprovalEscalated
+# Or a card as the gateway's HTTP API shows it (`signoff.Client.pending()`): the backlog.
+AnyCard = CardEvent | Card
+Decision = Literal["approve", "deny"]
+
+
+class Said(TypedDict, total=False):
+    """What an answer says beyond the decision: why (`reason`, shown to whoever reads the
+    decision) and a `message` to the model."""
+
+    reason: str
+    message: str
+
+
+class Answer(Said, total=False):
+    """A person's answer: what they said, and a `response_id` derived from their click
+    (None or absent: a fresh one)."""
+
+    response_id: str | None
+
+
+class Refused(Exception):
+    """The ledger refused a response (its `message.rejected`): `reason_code` for a program,
+    `reason_text` for the person who answered."""
+
+    def __init__(self, rejection: MessageRejected) -> None:
+        super().__init__(f"{rejection.reason_code}: {rejection.reason_text}")
+        self.reason_code = rejection.reason_code
+        self.reason_text = rejection.reason_text
 
 
 class ChannelAdapter:
@@ -58,8 +108,10 @@ class ChannelAdapter:
         self.namespace = namespace
         self.channel = channel
         self.key = key if isinstance(key, Ed25519PrivateKey) else load_private_key(_pem(key))
+        self.signer = ResponseSigner(channel, self.key)
+        self.topology = Topology(namespace)
         self._user = ""
-        self._connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self._bus: Bus | None = None
         self._amqp: aio_pika.abc.AbstractChannel | None = None
 
     async def __aenter__(self) -> ChannelAdapter:
@@ -70,15 +122,18 @@ class ChannelAdapter:
         await self.close()
 
     async def connect(self) -> None:
-        # Publisher confirms: `publish` returns once RabbitMQ holds the response.
-        self._connection = await aio_pika.connect_robust(self.amqp_url)
-        self._user = URL(self.amqp_url).user or ""
-        self._amqp = await self._connection.channel(publisher_confirms=True)
+        # The services' own connection (every node of a cluster): `publish` goes through
+        # its confirming channel, the event queues through a channel of the adapter's.
+        bus = Bus(self.amqp_url, prefetch=1)
+        await bus.connect()
+        self._bus = bus
+        self._user = URL(split_hosts(self.amqp_url)[0]).user or ""
+        self._amqp = await bus.connection.channel()
 
     async def close(self) -> None:
-        if self._connection is not None:
-            await self._connection.close()
-        self._connection = self._amqp = None
+        if self._bus is not None:
+            await self._bus.stop()
+        self._bus = self._amqp = None
 
     @property
     def user_id(self) -> str:
@@ -86,10 +141,10 @@ class ChannelAdapter:
         self._open()
         return self._user
 
-    def _open(self) -> tuple[aio_pika.abc.AbstractRobustConnection, aio_pika.abc.AbstractChannel]:
-        if self._connection is None or self._amqp is None:
+    def _open(self) -> tuple[Bus, aio_pika.abc.AbstractChannel]:
+        if self._bus is None or self._amqp is None:
             raise RuntimeError("the channel adapter is not connected (use `async with` or `await connect()`)")
-        return self._connection, self._amqp
+        return self._bus, self._amqp
 
     # --- receiving ---
 
@@ -106,45 +161,35 @@ class ChannelAdapter:
             await queue.bind(exchange, binding)
         return _parsed(queue)
 
-    async def cards(self, *, escalations: bool = True) -> AsyncIterator[CardEvent]:
+    async def cards(
+        self, *, escalations: bool = True, backlog: Iterable[Card] | AsyncIterable[Card] | None = None
+    ) -> AsyncIterator[AnyCard]:
         """Every card announced from now on: new requests, and (`escalations`) requests
-        announced again to their escalation group. `async for card in await adapter.cards()`."""
+        announced again to their escalation group. `async for card in await adapter.cards()`.
+
+        `backlog`: the cards already pending when the adapter starts (those announced while
+        it was down), e.g. `signoff.Client(...).pending()` from the gateway: the queue is
+        bound first, then these come, then the live ones, each request once (an escalation
+        of one seen is still shown: it names new approvers)."""
         bindings = ["approval.requested.*"] + (["approval.escalated.*"] if escalations else [])
-        return _cards(await self.events(*bindings))
+        live = _cards(await self.events(*bindings))
+        return live if backlog is None else _caught_up(backlog, live)
 
     # --- answering ---
 
     def response(
-        self,
-        card: CardEvent,
-        decision: Literal["approve", "deny"],
-        responder: str,
-        *,
-        reason: str = "",
-        message: str = "",
+        self, card: AnyCard, decision: Decision, responder: str, **answer: Unpack[Answer]
     ) -> RespondToApproval:
         """A signed response to `card` as `responder` (a person this channel authenticated
-        and may assert): fresh message and response ids, the card's digest, now."""
-        unsigned = RespondToApproval(
-            session_id=card.session_id,
-            request_id=card.request_id,
-            decision=decision,
-            args_digest=card.args_digest,
-            responder=responder,
-            reason=reason,
-            message=message,
-            key_id=self.channel,
-        )
-        return unsigned.model_copy(update={"signature": sign(self.key, unsigned.signed_part())})
+        and may assert): fresh message and response ids, the card's digest, now.
+        `answer`: the person's `reason` and `message`, and a `response_id` derived from
+        their click, so that the same click delivered twice is the ledger's replay,
+        counted once."""
+        response_id = answer.get("response_id")
+        more = {"response_id": response_id} if response_id else {}
+        return self._answer(card, decision, responder, answer.get("reason", ""), answer.get("message", ""), **more)
 
-    def token_response(
-        self,
-        card: CardEvent,
-        decision: Literal["approve", "deny"],
-        *,
-        reason: str = "",
-        message: str = "",
-    ) -> RespondToApproval:
+    def token_response(self, card: CardEvent, decision: Decision, **said: Unpack[Said]) -> RespondToApproval:
         """A signed response that redeems the card's one-time `response_token` (a link or
         button clicked in this channel, by someone it did not authenticate): it names no
         person, so the responder is `token:<channel>` (the ledger accepts no other), it
@@ -153,60 +198,72 @@ class ChannelAdapter:
         token = getattr(card, "response_token", None)
         if not token:
             raise ValueError(f"the card of {card.request_id} carries no response token (only approval.requested does)")
-        unsigned = RespondToApproval(
+        responder = TOKEN_RESPONDER_PREFIX + self.channel
+        reason, message = said.get("reason", ""), said.get("message", "")
+        return self._answer(card, decision, responder, reason, message, response_token=token)
+
+    def _answer(
+        self, card: AnyCard, decision: Decision, responder: str, reason: str, message: str, **more: Any
+    ) -> RespondToApproval:
+        return self.signer.respond(
             session_id=card.session_id,
-            request_id=card.request_id,
+            request_id=request_id_of(card),
             decision=decision,
             args_digest=card.args_digest,
-            responder=TOKEN_RESPONDER_PREFIX + self.channel,
+            responder=responder,
             reason=reason,
             message=message,
-            key_id=self.channel,
-            response_token=token,
+            **more,
         )
-        return unsigned.model_copy(update={"signature": sign(self.key, unsigned.signed_part())})
 
     async def publish(self, message: Envelope) -> None:
-        """Publish a message to the channels' exchange, persistently, as this adapter's
-        broker user, and wait for RabbitMQ's confirm."""
-        _, amqp = self._open()
-        exchange = await amqp.get_exchange(f"{self.namespace}.channels", ensure=False)
-        await exchange.publish(
-            aio_pika.Message(
-                encode(message),
-                content_type="application/json",
-                message_id=message.message_id,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                user_id=self._user,
-            ),
-            routing_key=message.type,
-        )
+        """Publish a message (`turn.start`, `approval.respond`) to the channels' exchange,
+        persistently, as this adapter's broker user, and wait for RabbitMQ's confirm: the
+        services' own publish (`shared.consuming.send`)."""
+        bus, _ = self._open()
+        await consuming.send(bus, self.topology, message, user_id=self._user)
 
     async def respond(
         self,
-        card: CardEvent,
-        decision: Literal["approve", "deny"],
+        card: AnyCard,
+        decision: Decision,
         responder: str,
         *,
-        reason: str = "",
-        message: str = "",
+        verdict_within: float | None = None,
+        **answer: Unpack[Answer],
     ) -> RespondToApproval:
-        """Sign and publish a response; answers what was sent (its `response_id` names it
-        in the ledger's `approval.decided` or `message.rejected`)."""
-        response = self.response(card, decision, responder, reason=reason, message=message)
-        await self.publish(response)
-        return response
+        """Sign and publish a response (`response`, with the same `answer`); answers what
+        was sent (its `response_id` names it in the ledger's `approval.decided` or
+        `message.rejected`). With `verdict_within` (seconds), first waits for the ledger's
+        answer to it: raises `Refused` when it was refused, `TimeoutError` when no answer
+        came in time (it may still count)."""
+        response = self.response(card, decision, responder, **answer)
+        if verdict_within is None:
+            await self.publish(response)
+            return response
+        _, amqp = self._open()
+        # Bound before publishing: the answer cannot come before the queue hears it.
+        queue = await amqp.declare_queue(exclusive=True, auto_delete=True)
+        for kind in ("message.rejected", "approval.counted", "approval.decided"):
+            await queue.bind(f"{self.namespace}.events", f"{kind}.{card.session_id}")
+        try:
+            await self.publish(response)
+            async with asyncio.timeout(verdict_within):
+                async for event in _parsed(queue):
+                    if isinstance(event, MessageRejected) and event.rejected_message_id == response.message_id:
+                        raise Refused(event)
+                    if (
+                        isinstance(event, ApprovalCounted | ApprovalDecided)
+                        and event.causation_id == response.message_id
+                    ):
+                        return response
+        finally:
+            await queue.delete(if_unused=False, if_empty=False)
+        raise TimeoutError("the event queue closed before the ledger answered")
 
-    async def respond_with_token(
-        self,
-        card: CardEvent,
-        decision: Literal["approve", "deny"],
-        *,
-        reason: str = "",
-        message: str = "",
-    ) -> RespondToApproval:
+    async def respond_with_token(self, card: CardEvent, decision: Decision, **said: Unpack[Said]) -> RespondToApproval:
         """Sign and publish a response that redeems the card's one-time token (`token_response`)."""
-        response = self.token_response(card, decision, reason=reason, message=message)
+        response = self.token_response(card, decision, **said)
         await self.publish(response)
         return response
 
@@ -232,6 +289,30 @@ def _pem(key: str | Path | bytes) -> bytes:
     return Path(key).read_bytes()
 
 
-def describe(card: CardEvent) -> str:
-    """One line for a person: the card's label and its (redacted) arguments."""
-    return f"{card.card.label} {json.dumps(card.card.arguments)}"
+def request_id_of(card: AnyCard) -> str:
+    return card.id if isinstance(card, Card) else card.request_id
+
+
+async def _caught_up(backlog: Iterable[Card] | AsyncIterable[Card], live: AsyncIterator[CardEvent]):
+    seen: set[str] = set()
+    if isinstance(backlog, AsyncIterable):
+        async for card in backlog:
+            seen.add(card.id)
+            yield card
+    else:
+        for card in backlog:
+            seen.add(card.id)
+            yield card
+    async for event in live:
+        if isinstance(event, ApprovalEscalated) or event.request_id not in seen:
+            yield event
+
+
+def describe(card: AnyCard) -> str:
+    """The card as text for a person (a chat message, a terminal): the same lines the
+    console and an email show (`shared.on_screen.card_rows`), from its label, tool and
+    effect down to its digest, each value redacted and shown by `visible`, so a value
+    cannot fake a line of the card or hide a look-alike host."""
+    shown: Any = card if isinstance(card, Card) else card.card
+    face = card_face(request_id_of(card), shown.model_dump(mode="json"), card.args_digest)
+    return "\n".join([card_headline(face), *card_rows(face)])

@@ -197,7 +197,7 @@ def parse(answer: httpx.Response, model: type[Model]) -> Model:
 
 def decision_call(
     request: str | Card,
-    decision: Literal["approve", "deny"],
+    decision: Literal["approve", "deny", "respond"],
     reason: str,
     message: str,
     args_digest: str | None,
@@ -355,14 +355,18 @@ class Client:
 
     # --- sessions ---
 
-    def start_session(self, text: str, *, session_id: str | None = None, provider: str | None = None) -> Started:
-        """Start a turn: in a new session, or in `session_id` (a new one, or one the caller started)."""
-        body: dict[str, Any] = {"text": text}
-        if session_id is not None:
-            body["session_id"] = session_id
-        if provider is not None:
-            body["provider"] = provider
-        return parse(self._send(Call("POST", "/v1/sessions", json=body, changes=True)), Started)
+    def start_session(
+        self,
+        text: str,
+        *,
+        session_id: str | None = None,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Started:
+        """Start a turn: in a new session, or in `session_id` (a new one, or one the caller
+        started). With `idempotency_key`, sending it again is answered with the turn it
+        started (`repeated`), so it is retried when no answer came."""
+        return parse(self._send(start_call(text, session_id, provider, idempotency_key)), Started)
 
     def session(self, session_id: str) -> SessionShown:
         return parse(self._send(Call("GET", _path("/v1/sessions/{}", session_id), retry=True)), SessionShown)
@@ -439,6 +443,10 @@ class Client:
 
     def deny(self, request: str | Card, *, reason: str = "", idempotency_key: str | None = None) -> Verdict:
         return self._decide(decision_call(request, "deny", reason, "", None, idempotency_key or new_key()))
+
+    def respond(self, request: str | Card, message: str, *, idempotency_key: str | None = None) -> Verdict:
+        """Answer in the tool's place: the call does not run, and the model reads `message` as its result."""
+        return self._decide(decision_call(request, "respond", "", message, None, idempotency_key or new_key()))
 
     def _decide(self, call: Call) -> Verdict:
         answer = verdict_of(self._send(call))
@@ -585,13 +593,15 @@ class AsyncClient:
 
     # --- sessions ---
 
-    async def start_session(self, text: str, *, session_id: str | None = None, provider: str | None = None) -> Started:
-        body: dict[str, Any] = {"text": text}
-        if session_id is not None:
-            body["session_id"] = session_id
-        if provider is not None:
-            body["provider"] = provider
-        return parse(await self._send(Call("POST", "/v1/sessions", json=body, changes=True)), Started)
+    async def start_session(
+        self,
+        text: str,
+        *,
+        session_id: str | None = None,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Started:
+        return parse(await self._send(start_call(text, session_id, provider, idempotency_key)), Started)
 
     async def session(self, session_id: str) -> SessionShown:
         return parse(await self._send(Call("GET", _path("/v1/sessions/{}", session_id), retry=True)), SessionShown)
@@ -659,6 +669,10 @@ class AsyncClient:
 
     async def deny(self, request: str | Card, *, reason: str = "", idempotency_key: str | None = None) -> Verdict:
         return await self._decide(decision_call(request, "deny", reason, "", None, idempotency_key or new_key()))
+
+    async def respond(self, request: str | Card, message: str, *, idempotency_key: str | None = None) -> Verdict:
+        """Answer in the tool's place: the call does not run, and the model reads `message` as its result."""
+        return await self._decide(decision_call(request, "respond", "", message, None, idempotency_key or new_key()))
 
     async def _decide(self, call: Call) -> Verdict:
         answer = verdict_of(await self._send(call))
@@ -743,3 +757,13 @@ class AsyncClient:
                 await asyncio.sleep(backoff())
                 continue
             return answer
+
+
+def start_call(text: str, session_id: str | None, provider: str | None, key: str | None) -> Call:
+    body: dict[str, Any] = {"text": text}
+    if session_id is not None:
+        body["session_id"] = session_id
+    if provider is not None:
+        body["provider"] = provider
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return Call("POST", "/v1/sessions", json=body, headers=headers, changes=True, retry=key is not None)

@@ -33,6 +33,9 @@ class Started(Answer):
     session_id: str
     message_id: str
     links: dict[str, str]
+    # The turn started, or the one the same Idempotency-Key started before (`repeated`).
+    turn_id: str | None = None
+    repeated: bool = False
 
 
 class Cancelled(Answer):
@@ -46,7 +49,7 @@ class Verdict(Answer):
 
     response_id: str
     request_id: str
-    decision: Literal["approve", "deny"]
+    decision: Literal["approve", "deny", "respond"]
     responder: str
     outcome: Literal["accepted"]
     decided: bool
@@ -87,6 +90,8 @@ class Card(Answer):
     # Set once a person changed the arguments before approving: who, and how (a short diff).
     edited_by: str | None = None
     edit: str | None = None
+    # A call a program filed (the intake): who, for which origin, its call id, thread and summary.
+    filed: dict[str, Any] | None = None
     starter_may_approve: bool
     # Whether "approve and remember" may be offered for it (the ledger still judges).
     rememberable: bool = False
@@ -136,12 +141,26 @@ class Revoking(Answer):
     message_id: str
 
 
+class LastTurnShown(Answer):
+    """A session's newest turn: running, or how it ended, when, by whom and why."""
+
+    id: str
+    status: str
+    started_by: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    reason_code: str | None
+    reason: str | None
+    ended_by: str | None
+
+
 class SessionShown(Answer):
     """A session: its status, its transcript as the card shows it, what waits on a person, its usage."""
 
     id: str
     status: str
     status_reason: str | None
+    last_turn: LastTurnShown | None = None
     started_by: str | None
     created_at: datetime
     updated_at: datetime
@@ -164,6 +183,8 @@ class ProblemDocument(Answer):
     # A ledger refusal: its reason code and the response it refused.
     reason_code: str | None = None
     response_id: str | None = None
+    # A start refused because the session is busy: the turn that keeps it so.
+    turn_id: str | None = None
     # A request that does not fit: where and what.
     errors: list[dict[str, Any]] | None = None
 
@@ -197,6 +218,7 @@ SCHEMAS: dict[str, type[Answer]] = {
     "Card": Card,
     "Cards": Cards,
     "TranscriptEntryShown": TranscriptEntryShown,
+    "LastTurnShown": LastTurnShown,
     "SessionShown": SessionShown,
     "GrantShown": GrantShown,
     "Grants": Grants,

@@ -8,7 +8,7 @@ then on PostgreSQL, each for `--seconds`, with the same seed; the exit status is
 non-zero if either run has a violation. `--store sqlite` or `--store postgres`
 runs one. (tests/crash/test_chaos.py makes a short run on each.)
 
-`--cluster` (issue 24): one run, on PostgreSQL, on the cluster of
+`--cluster`: one run, on PostgreSQL, on the cluster of
 deploy/local/cluster_up.sh (three RabbitMQ nodes, a primary and its synchronous
 standby; started if down, stopped at the end if this started it; needs root).
 Besides the service kills, every 30 to 60 s a part of the cluster is lost in

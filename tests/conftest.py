@@ -1,11 +1,30 @@
 import asyncio
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
-from tests.harness import Deployment, require_services
+# The slim SDK of this tree (sdk/, a package of its own): the tests read it from here, not
+# from wherever it was installed, so a change to it (or a revert check's) is what they test.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
+
+from tests.harness import Deployment, require_services  # noqa: E402
+from tests.slow_tests import pytest_collection_modifyitems, pytest_runtest_makereport  # noqa: E402, F401  (hooks)
+from tests import store_twins  # noqa: E402
+
+# The property tests draw a quarter of their examples under `make test` (--hypothesis-profile=quick);
+# plain pytest, the revert checks and `make test-long` (its mutation smoke test runs every unit
+# test) draw them all. A test that wants more than the default scales it (test_provider_replies.py).
+hypothesis_settings.register_profile("quick", max_examples=25)
+
+
+def pytest_configure(config):
+    # A plugin of its own: its hook must run before `-m` deselects, and this module's
+    # pytest_collection_modifyitems is the time limit's.
+    config.pluginmanager.register(store_twins, "signoff_store_twins")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -198,7 +198,9 @@ BODIES: dict[str, st.SearchStrategy[dict]] = {
          "transcript_length": st.integers(-1, 3),
          "transcript_digest": st.one_of(st.just(EMPTY_TRANSCRIPT), st.just("sha256:" + "0" * 64), TEXT),
          "tools": st.lists(st.fixed_dictionaries({"name": TEXT, "description": TEXT, "parameters": JSON_OBJECT}),
-                           max_size=2)}),
+                           max_size=2)},
+        # A menu named by digest: none the ledger stored (the step fails, reported), or not a digest.
+        optional={"tools_digest": st.one_of(st.none(), st.just("sha256:" + "0" * 64), TEXT)}),
     "tool.execute": st.fixed_dictionaries(
         {"call_id": st.one_of(_minted("call"), GOOD_ID), "tool": st.one_of(st.sampled_from(TOOL_NAMES), TEXT),
          "arguments": JSON_OBJECT, "idempotency_key": st.one_of(_minted("idk"), GOOD_ID)},

@@ -31,9 +31,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.database import create_engine, sessionmaker
-from services.console import Console
+from services.operations.console import Console
 from services.gateway import users as gateway_users
-from services.warm_start import SERVICES as SERVICE_MODULES
+from services.operations.warm_start import SERVICES as SERVICE_MODULES
 from shared import keyring
 from shared.amqp_hosts import connect_robust
 from shared.provisioning import (
@@ -123,7 +123,7 @@ class WarmChild:
 
 
 class WarmStarts:
-    """One `python -m services.warm_start` per test process, shared by its deployments:
+    """One `python -m services.operations.warm_start` per test process, shared by its deployments:
     each service starts as a fork of an interpreter that has imported them all, as
     `signoff up` starts them, instead of paying imports for every start and restart."""
 
@@ -139,7 +139,7 @@ class WarmStarts:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "services.operations.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             cwd=PROJECT_ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")},
         )
         self.exits: dict[int, int] = {}
@@ -148,7 +148,7 @@ class WarmStarts:
         self._lock = threading.Lock()
         ready = json.loads(self.process.stdout.readline() or b"{}")
         if "ready" not in ready:
-            raise AssertionError(f"services.warm_start did not start (exit {self.process.wait(10)})")
+            raise AssertionError(f"services.operations.warm_start did not start (exit {self.process.wait(10)})")
         threading.Thread(target=self._read, name="warm-starts", daemon=True).start()
 
     def _read(self) -> None:
@@ -168,10 +168,10 @@ class WarmStarts:
             self.process.stdin.flush()
             with self.exited:
                 if not self.exited.wait_for(lambda: self._replies, 30):
-                    raise AssertionError("services.warm_start did not answer a start request")
+                    raise AssertionError("services.operations.warm_start did not answer a start request")
                 request_id, reply = self._replies.popitem()
         if "error" in reply:
-            raise AssertionError(f"services.warm_start could not start {service}: {reply['error']}")
+            raise AssertionError(f"services.operations.warm_start could not start {service}: {reply['error']}")
         return WarmChild(self, request_id, reply["pid"])
 
 
@@ -204,7 +204,7 @@ class Deployment:
     # The port `signoff up` gives its gateway in this deployment.
     gateway_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen | WarmChild] = field(default_factory=dict)
-    # True: every start is a new interpreter (`python -m services.cli run`), as a
+    # True: every start is a new interpreter (`python -m services.operations.cli run`), as a
     # container starts; False: a fork of a preloaded one (`WarmStarts`), as `signoff up` starts.
     cold: bool = False
     # Where it runs: the machine's services unless a test points it elsewhere (a cluster's
@@ -275,7 +275,7 @@ class Deployment:
                 log.flush()
                 if self.cold:
                     self.processes[name] = subprocess.Popen(
-                        [sys.executable, "-m", "services.cli", "run", service],
+                        [sys.executable, "-m", "services.operations.cli", "run", service],
                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
                     )
                 else:

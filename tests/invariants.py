@@ -92,7 +92,7 @@ async def _by(db, column) -> dict[str, int]:
 async def check_run(console, *, queue_timeout: float = 0.0, shown: dict[str, set[str]] | None = None,
                     sink_requests: list[dict] | None = None, round_trips: int | None = None,
                     seen: Iterable[str] = ()) -> Verdict:
-    """Every check above that the arguments allow, through a `services.console.Console`
+    """Every check above that the arguments allow, through a `services.operations.console.Console`
     of the deployment (its ledger sessions and its channel). Violations are sentences."""
     verdict = Verdict()
     figures = verdict.figures
@@ -123,7 +123,7 @@ async def check_run(console, *, queue_timeout: float = 0.0, shown: dict[str, set
             unclosed = await db.scalar(select(func.count()).select_from(ToolCall).where(
                 ~exists().where(Closure.call_id == ToolCall.id)))
             outputs = list(await db.scalars(select(Closure.output).where(Closure.kind == "output")))
-    from services.console import read_audit
+    from shared.ledger.console_reads import read_audit
 
     audited = audit.verify(*await read_audit(console.settings), by_txid=console.settings.is_postgres)
     figures["audit_entries"] = audited.entries

@@ -1,5 +1,5 @@
-"""A long session and what the ledger stores per model step as it grows (issue 12:
-bytes per step stay flat). Used by tests/integration/test_bounded_messages.py and
+"""A long session and what the ledger stores per model step as it grows (bytes per
+step stay flat). Used by tests/integration/test_bounded_messages.py and
 `make bench`.
 
 The session `long-<id>` runs `turns` turns of `steps_per_turn` model steps each: every

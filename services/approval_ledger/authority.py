@@ -18,7 +18,7 @@ from shared.authorization import Basis, GrantTerms, authorize, authorizes_call, 
 from shared.keyring import Channel
 from shared.messages import ExecuteTool
 from shared.settings import Settings
-from shared.signatures import request_digest
+from shared.signatures import request_digest, seal
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,9 @@ class Authority:
             grant_id=grant_id,
         )
         return command.model_copy(update={"authorization": token})
+
+    def seal_verdict(self, claims: dict[str, Any]) -> str:
+        """A filed call's verdict, sealed with the ledger's key (`GET /v1/keys` publishes
+        the public half): a caller outside the trust boundary checks that a person
+        decided, and what they approved, without trusting whoever relayed it."""
+        return seal(self.signing_key, claims)

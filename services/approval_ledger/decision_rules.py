@@ -1,4 +1,4 @@
-"""The decisions a person asks for beyond approve and deny, as pure rules (issue 23):
+"""The decisions a person asks for beyond approve and deny, as pure rules:
 
 - whether a call needs approval, and from how many, when the tool's rule depends on
   the arguments (`verdict`);
@@ -7,7 +7,7 @@
   if any, authorizes a later call (`grant_covering`).
 
 No I/O, no clock, no randomness: the ledger loads what these read and records what
-they decide. All are wired into the ledger (docs/notes/wire.md, docs/notes/grants.md).
+they decide. All are wired into the ledger (docs/rules.md, "Decisions beyond approve and deny").
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any, Literal, TypeVar
 
 import celpy
 
-from shared.catalogue import ARGUMENTS, RuleCase, ToolSpec, compiled_condition
+from shared.catalogue import ToolSpec
 from shared.redaction import REDACTED
+from shared.rule_types import ARGUMENTS, RULE_TYPES, RuleCase, RuleType, approvers_in_words, compiled_condition
 
 # --- conditional approval ------------------------------------------------------------------
 
-_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 # How much of one argument's value a reason or a diff repeats.
 _VALUE_CHARS = 60
 # How long a reason may be: it is recorded with the request and shown on the card.
@@ -56,11 +56,6 @@ class RuleFailed(Exception):
     the rule and what went wrong, never an argument's value."""
 
 
-def approvers_in_words(count: int) -> str:
-    number = _NUMBER_WORDS[count] if count < len(_NUMBER_WORDS) else str(count)
-    return f"{number} approver{'' if count == 1 else 's'}"
-
-
 def verdict(tool: ToolSpec, arguments: Mapping[str, Any]) -> Verdict:
     """Whether this call needs approval, from how many people, and why: the tool's
     `approval` and `approvals_required`, plain or as rules over the arguments (the
@@ -69,16 +64,16 @@ def verdict(tool: ToolSpec, arguments: Mapping[str, Any]) -> Verdict:
     tool's most approvers, the error named."""
     shown = tool.shown_arguments(dict(arguments))
     try:
-        asks, asks_reason = _approval(tool, arguments, shown)
+        asks, asks_reason = _decide(RULE_TYPES["approval"], tool, arguments, shown)
         if not asks:
             return Verdict(0, asks_reason)
-        count, count_reason = _approvals(tool, arguments, shown)
+        count, count_reason = _decide(RULE_TYPES["approvals_required"], tool, arguments, shown)
     except RuleFailed as error:
         count = tool.approvals_required
         return Verdict(count, _cut(f"{error}: {approvers_in_words(count)}, the most this tool asks"), str(error))
-    if tool.approvals_rule is None:
+    if "approvals_required" not in tool.rules:
         reason = f"{asks_reason}: {count_reason}"
-    elif tool.approval_rule is None:
+    elif "approval" not in tool.rules:
         # The count's own reason says it all ("amount 2,500 > 1,000: two approvers").
         reason = count_reason
     else:
@@ -86,21 +81,15 @@ def verdict(tool: ToolSpec, arguments: Mapping[str, Any]) -> Verdict:
     return Verdict(count, _cut(reason))
 
 
-def _approval(tool: ToolSpec, arguments: Mapping[str, Any], shown: Mapping[str, Any]) -> tuple[bool, str]:
-    if tool.approval_rule is None:
-        return tool.approval == "always", f"{tool.label} {'always' if tool.approval == 'always' else 'never'} asks"
-    case = _deciding(tool.approval_rule, arguments, "approval")
-    return case.then == "always", _reason_of(case, shown, "no condition held")
-
-
-def _approvals(tool: ToolSpec, arguments: Mapping[str, Any], shown: Mapping[str, Any]) -> tuple[int, str]:
-    if tool.approvals_rule is None:
-        return tool.approvals_required, approvers_in_words(tool.approvals_required)
-    case = _deciding(tool.approvals_rule, arguments, "approvals_required")
-    words = approvers_in_words(case.then)
-    if case.reason is not None:
-        return case.then, _render_reason(case.reason, shown)
-    return case.then, words if case.when is None else f"{case.when}: {words}"
+def _decide(
+    rule_type: RuleType, tool: ToolSpec, arguments: Mapping[str, Any], shown: Mapping[str, Any]
+) -> tuple[Any, str]:
+    """The field's value for this call and why: its plain value, or its rule's deciding case."""
+    rule = tool.rules.get(rule_type.field)
+    if rule is None:
+        return rule_type.plain(tool.label, getattr(tool, rule_type.field))
+    case = _deciding(rule, arguments, rule_type.field)
+    return rule_type.decided(case, lambda template: _render_reason(template, shown))
 
 
 def _deciding(cases: list[Case], arguments: Mapping[str, Any], field: str) -> Case:
@@ -139,12 +128,6 @@ def _what_failed(error: celpy.CELEvalError, condition: str) -> str:
     if kind is TypeError:
         return "an argument is not of the type it compares"
     return "it failed on these arguments"
-
-
-def _reason_of(case: RuleCase, shown: Mapping[str, Any], otherwise: str) -> str:
-    if case.reason is not None:
-        return _render_reason(case.reason, shown)
-    return case.when if case.when is not None else otherwise
 
 
 def _render_reason(template: str, shown: Mapping[str, Any]) -> str:

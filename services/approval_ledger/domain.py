@@ -28,14 +28,14 @@ from services.approval_ledger.decision_rules import (
     verdict,
 )
 from shared.catalogue import ToolCatalogue, ToolSpec
-from shared.keyring import Channel
+from shared.keyring import TOKEN_RESPONDER_PREFIX, Channel, speaks_for
 from shared.ledger import held_back
 from shared.messages import ProposedToolCall, ProviderAttempt, RespondToApproval, TranscriptEntry
 from shared.signatures import verify
 from shared.topology import Topology
 
 # Closure kinds and the reasons that are not a person's decision (invariant 5).
-CLOSURE_KINDS = ("output", "error", "denied", "expired", "cancelled", "outcome_unknown")
+CLOSURE_KINDS = ("output", "error", "denied", "answered", "expired", "cancelled", "outcome_unknown")
 BUSY_STATUSES = ("running", "waiting")
 
 
@@ -148,12 +148,6 @@ def refuse_sender(message_type: str, user_id: str | None, topology: Topology) ->
 # user, `<ns>.channel.<name>`, which RabbitMQ vouches for (`Topology.channel_of`).
 
 
-def speaks_for(channel: Channel, principal: str) -> bool:
-    """Whether a channel may name this principal: one it is registered for, and never
-    a `token:` one (that names no person: `may_name`)."""
-    return not principal.startswith(TOKEN_RESPONDER_PREFIX) and channel.may_assert(principal)
-
-
 def judge_speaker(
     channels: Mapping[str, Channel], channel_name: str | None, principal: str | None, doing: str
 ) -> Refusal | None:
@@ -220,10 +214,34 @@ def may_expire(request: RequestOnRecord | None, at: datetime) -> bool:
     return request is not None and request.status == "pending" and has_expired(request, at)
 
 
-def refuse_turn(session_status: str) -> Refusal | None:
-    """A new turn starts only on an idle session: one that runs or waits on a person is busy."""
+def refuse_turn(session_status: str, open_turn: str | None = None) -> Refusal | None:
+    """A new turn starts only on an idle session: one that runs or waits on a person is
+    busy, and the refusal names the turn that keeps it so."""
     if session_status in BUSY_STATUSES:
-        return Refusal("session_busy", f"The session is {session_status}; a new turn can start when it is idle.")
+        turn = f" on turn {open_turn}" if open_turn else ""
+        return Refusal("session_busy", f"The session is {session_status}{turn}; a new turn can start when it is idle.")
+    return None
+
+
+@dataclass(frozen=True)
+class KeyedTurn:
+    """A turn started with an idempotency key: who started it and the digest of its text."""
+
+    turn_id: str
+    started_by: str | None
+    text_digest: str | None
+
+
+def judge_repeated_start(earlier: KeyedTurn, started_by: str | None, text_digest: str) -> Refusal | None:
+    """A start whose key the session's turns already used is a repeat of that start (None:
+    answer it with that turn) only when the same person asks the same thing; a key
+    reused for another text or by another person is refused, never answered with
+    someone else's turn."""
+    if earlier.started_by != started_by or earlier.text_digest != text_digest:
+        return Refusal(
+            "idempotency_key_reused",
+            f"This idempotency key already started turn {earlier.turn_id} with another text or starter.",
+        )
     return None
 
 
@@ -446,7 +464,6 @@ def authenticate_response(
     return None
 
 
-TOKEN_RESPONDER_PREFIX = "token:"
 # A program's principal (the gateway's API tokens): never a person (people's names hold no `:`).
 PROGRAM_PREFIX = "bot:"
 
@@ -570,7 +587,7 @@ class ApprovalPolicy:
     approvals_required: int = 1
 
 
-# A request whose tool left the catalogue: nobody may approve it (it may still be denied).
+# A request whose tool left the catalogue: nobody may approve or deny it (it expires, or its turn is cancelled).
 NOBODY = ApprovalPolicy(approvers=frozenset())
 
 
@@ -599,13 +616,15 @@ def escalation_time(created_at: datetime, spec: ToolSpec) -> datetime | None:
 
 
 def judge_approver(policy: ApprovalPolicy, request: RequestOnRecord, response: RespondToApproval) -> Refusal | None:
-    """Whether this responder may approve: one of the tool's approvers; not the
-    session's or the turn's starter when the tool forbids it (which a token, naming
-    no person, and an unrecorded starter cannot show); and not one who approved the
-    request already. A denial stops a call, which is always safe: anyone a channel
-    vouches for may deny. None: the response may count."""
-    if response.decision != "approve":
-        return None
+    """Whether this responder may answer: approve or deny, only one of the tool's
+    approvers (a denial ends a person's work as surely as an approval starts it, so a
+    stranger may not deny; a tool gone from the catalogue has no approver and waits
+    for its expiry or a cancel). An approval, further: not the session's or the
+    turn's starter when the tool forbids it (which a token, naming no person, and an
+    unrecorded starter cannot show), and not one who approved the request already.
+    Those two rules keep an approval from counting wrongly; they do not bind a
+    denial, which counts nothing (a starter may stop their own call, as a cancel
+    would). None: the response may count."""
     responder = response.responder
     anonymous = response.response_token is not None
     if policy.approvers is not None and responder not in policy.approvers:
@@ -617,8 +636,10 @@ def judge_approver(policy: ApprovalPolicy, request: RequestOnRecord, response: R
     if anonymous and (not policy.starter_may_approve or policy.approvals_required > 1):
         return Refusal(
             "anonymous_approval",
-            f"A response token names no person; {request.tool!r} needs approvals from known people.",
+            f"A response token names no person; {request.tool!r} needs answers from known people.",
         )
+    if response.decision != "approve":
+        return None
     if not policy.starter_may_approve:
         if not request.starters:
             return Refusal(
@@ -692,13 +713,21 @@ def session_starter(current: str | None, turn_starter: str | None) -> str | None
     return current or turn_starter
 
 
+# A request leaves `pending` by a person's decision as one of these.
+STATUS_AFTER = {"approve": "approved", "deny": "denied", "respond": "answered"}
+
+
 def request_status_after(decision: str) -> str:
-    return "approved" if decision == "approve" else "denied"
+    return STATUS_AFTER[decision]
 
 
 def note_of(response: RespondToApproval, edit: str | None = None) -> Note | None:
     """A decision's message goes to the model; a decision without one says nothing more.
-    A person who changed the arguments before approving: the model is told so, and how."""
+    A person who changed the arguments before approving: the model is told so, and how.
+    An answer in the tool's place is no note: its message is the call's result
+    (`closure_of_answer`), said once."""
+    if response.decision == "respond":
+        return None
     message = "\n".join(part for part in (edit, response.message) if part)
     return Note(response.responder, message) if message else None
 
@@ -725,6 +754,20 @@ def edit_of(card: Mapping[str, Any] | None) -> str | None:
 def closure_of_denial(reason: str) -> ClosureOnRecord:
     """A denied call closes with the person's reason, if they gave one."""
     return ClosureOnRecord("denied", reason_code="denied_by_person", reason_text=reason or None)
+
+
+def closure_of_answer(message: str) -> ClosureOnRecord:
+    """A person who answered in the tool's place: the call did not run, and what they
+    said is its result, for the model to read as the tool's answer."""
+    return ClosureOnRecord("answered", reason_code="answered_by_person", reason_text=message)
+
+
+def closure_of_decision(response: RespondToApproval) -> ClosureOnRecord:
+    """How a request decided without an approval closes its call: denied with the
+    person's reason, or answered with their message."""
+    if response.decision == "respond":
+        return closure_of_answer(response.message)
+    return closure_of_denial(response.reason)
 
 
 # --- tool results -----------------------------------------------------------------
@@ -1016,6 +1059,9 @@ def closure_text(kind: str, output: Any, reason_text: str | None) -> str:
         return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
     if kind == "denied":
         return "The user denied this tool call." + (f" Reason: {reason_text}" if reason_text else "")
+    if kind == "answered":
+        # The tool did not run; the person answered in its place, and that is its result.
+        return reason_text or ""
     if kind == "outcome_unknown":
         return (
             "Error: the tool may or may not have run (its executor stopped mid-call); "

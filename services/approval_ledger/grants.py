@@ -1,4 +1,4 @@
-"""Approve and remember (issue 23, section 3), as the ledger records it: the grant a
+"""Approve and remember, as the ledger records it: the grant a
 deciding approval asked for, a later call it covers, and its revocation. The rules
 are pure (`decision_rules.may_remember`, `grant_covering`; `domain.judge_remember`,
 `judge_revoker`); this module hands their outcome to the store, like `records`.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared import faults
+from shared.audit import digest_of
 from shared.catalogue import ToolCatalogue
 from shared.consuming import sender
 from shared.dead_letters import UNPROVEN, ParkedMessage, proven_sender
@@ -21,6 +22,7 @@ from shared.messages import (
     ApprovalCard,
     CancelTurn,
     Envelope,
+    FileCall,
     ModelStepCompleted,
     ProposedToolCall,
     ProviderAttempt,
@@ -45,8 +47,9 @@ from shared.observability import (
 from shared.signatures import arguments_fingerprint
 from shared.topology import Topology
 
-from . import decision_rules, domain, grants, records
+from . import decision_rules, domain, grants, intake, records
 from .authority import Authority
+from .intake_rules import INTAKE
 from .store import NO_OPEN_TURN, Duplicate, LedgerStore, SessionState, StepCalls
 
 log = logging.getLogger("signoff.ledger")
@@ -104,9 +107,10 @@ def transition(handler):
 async def _within(handler, ledger: Ledger, store: LedgerStore, message: Envelope) -> None:
     """One transition in a unit of work the caller commits: receive and lock, then refuse or apply."""
     refused = domain.refuse_sender(message.type, sender.get(), ledger.topology) if ledger.check_senders else None
-    refused = refused or _unspoken_for(ledger, message)
-    is_turn = isinstance(message, StartTurn)
-    named = message.provider if isinstance(message, StartTurn) else None
+    refused = refused or _unspoken_for(ledger, message) or intake.judge(ledger, message)
+    # A turn opens its session, and so does a filed call (in a session of its own).
+    is_turn = isinstance(message, StartTurn | FileCall)
+    named = message.provider if isinstance(message, StartTurn) else INTAKE if isinstance(message, FileCall) else None
     provider = domain.provider_of_new_session(is_turn, refused, named, ledger.default_provider)
     session = await store.receive_and_lock(message, create_with_provider=provider)
     if refused:
@@ -152,7 +156,17 @@ def _sending_channel(ledger: Ledger) -> str | None:
 
 async def _start_turn(ledger: Ledger, store: LedgerStore, session: SessionState | None, command: StartTurn) -> None:
     assert session is not None, "a turn opens its session"
-    refused = domain.refuse_turn(session.status)
+    if command.idempotency_key is not None:
+        earlier = await store.turn_of_key(session.id, command.idempotency_key)
+        if earlier is not None:
+            refused = domain.judge_repeated_start(earlier, command.started_by, digest_of(command.text))
+            if refused:
+                records.refusal(store, session, command, refused)
+            else:
+                records.start_repeated(store, session, command, earlier.turn_id)
+            return
+    busy = domain.refuse_turn(session.status)
+    refused = busy and domain.refuse_turn(session.status, (await store.open_turn(session.id)).turn_id)
     if refused:
         records.refusal(store, session, command, refused)
         return
@@ -223,6 +237,9 @@ async def _resume(
     one, unless the turn reached its bound: then it ends (`step_limit`), an operator
     is told, and the provider is not called again. `spent_now`: the provider attempts
     this transition records (not yet in the rows it reads)."""
+    if intake.is_filed(session):
+        intake.resumed(store, session, turn_id, resumed, cause)
+        return
     if resumed.entries is not None and (ledger.turn_bounds.steps or ledger.turn_bounds.tokens):
         spent = domain.spent_with(await store.turn_spend(session.id, turn_id), spent_now)
         reached = domain.turn_bound_reached(ledger.turn_bounds, spent, last_words)
@@ -466,6 +483,9 @@ def _judge_edit(
     card = spec.card(judged.arguments, reason=decided.reason).model_copy(
         update={"edited_by": response.responder, "edit": judged.diff[:2000]}
     )
+    if request.card and request.card.get("filed"):
+        # A filed call's card keeps saying who filed it.
+        card = ApprovalCard.model_validate({**card.model_dump(mode="json"), "filed": request.card["filed"]})
     edited = domain.edited_version(request, digest, decided.approvals_required, card.model_dump(mode="json"))
     return _Edition(edited, request, judged, decided, card)
 
@@ -533,20 +553,27 @@ async def _decide(
 ) -> None:
     """The request is decided by this response: an approval runs the call (and, asked
     to, is remembered as a grant for calls needing no more than `required` approvers),
-    a denial closes it; then the step resumes if it can."""
+    a denial closes it with the person's reason, an answer in the tool's place with their
+    message (the call does not run); then the step resumes if it can."""
     call = step.find(request.call_id)
     assert call is not None, f"request {request.id} without its call"
     call.note = domain.note_of(response, edit=domain.edit_of(request.card))
     status = domain.request_status_after(response.decision)
     records.decision(store, session, request, response, status=status, message=call.note.message if call.note else "")
     session.updated_at = store.now
+    filed = intake.is_filed(session)
     if response.decision == "approve":
         spec = ledger.catalogue.get(request.tool)
         if response.remember is not None and spec is not None:
             grants.remembered(store, session, ledger.authority, spec, request, response, approvals_required=required)
-        records.execution(store, session, call, response, ledger.authority, request_id=request.id)
+        if filed and intake.approved(ledger, store, session, call, request, response):
+            pass  # its caller runs it: it claims the call next (`call.claim`); nothing goes to the executor
+        else:
+            records.execution(store, session, call, response, ledger.authority, request_id=request.id)
     else:
-        records.closure(store, session, call, domain.closure_of_denial(response.reason), response)
+        if filed:
+            intake.not_approved(ledger, store, session, call, request, response)
+        records.closure(store, session, call, domain.closure_of_decision(response), response)
     await _resume_step(ledger, store, session, step, call.turn_id, response)
 
 
@@ -676,6 +703,7 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
             async with ledger.unit_of_work() as store:
                 escalations = await store.due_escalations(store.now)
                 due = await store.due_requests(store.now)
+                lapsed = await store.due_leases(store.now)
             for request_id, session_id in escalations:
                 if await escalate_request(ledger, request_id, session_id):
                     log.info("request %s escalated", request_id)
@@ -683,6 +711,8 @@ async def sweep_expired_requests(ledger: Ledger, every: float) -> None:
                 if await expire_request(ledger, request_id, session_id):
                     log.info("request %s expired", request_id)
                     await faults.reached("ledger.after_expiry")
+            for call_id, session_id in lapsed:
+                await intake.lapse_claim(ledger, call_id, session_id)
         except Exception:
             # The database away: the requests stay due, and the next sweep closes them.
             log.exception("expiry sweep failed; retrying")
@@ -735,6 +765,9 @@ async def _close_open_turn(
         if call.status == "awaiting_approval":
             records.withdraw_request(store, call)
         claim = await store.hold_back(call) if call.status == "executing" else None
+        if claim is None and call.status == "executing" and intake.is_filed(session):
+            # A filed call its caller runs: its claim is the caller's, not the executor's.
+            claim = await intake.caller_claim(store, call)
         effect = domain.effect_of(ledger.catalogue.get(call.tool))
         closed = domain.cancellation_closure(call, claim, effect, by=by, reason=reason)
         records.closure(store, session, call, closed, cause)
@@ -799,3 +832,6 @@ tool_executed = transition(_tool_executed)
 execution_refused = transition(_execution_refused)
 cancel_turn = transition(_cancel_turn)
 revoke_grant = transition(_revoke_grant)
+file_call = transition(intake.file_call)
+claim_call = transition(intake.claim_call)
+report_call_result = transition(intake.report_call_result)

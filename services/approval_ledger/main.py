@@ -8,15 +8,18 @@ from functools import partial
 
 from pydantic import TypeAdapter
 
-from shared.catalogue import load_catalogue
+from shared.catalogue import ToolCatalogue, load_catalogue, reload_catalogue
 from shared.ledger.audit_chain import link_once
 from shared.ledger.backlog import measure
 from shared.ledger.database import create_engine, database_reachable, migrate, notify_channel
 from shared.ledger.retention import Retention, sweep_once
 from shared.messages import (
     CancelTurn,
+    ClaimCall,
+    FileCall,
     ModelStepCompleted,
     RefuseExecution,
+    ReportCallResult,
     RespondToApproval,
     RevokeGrant,
     StartTurn,
@@ -53,6 +56,9 @@ ROUTES = (
     ("step.completed", ModelStepCompleted, handlers.model_step_completed),
     ("tool.completed", ToolExecuted, handlers.tool_executed),
     ("execution.refused", RefuseExecution, handlers.execution_refused),
+    ("call.file", FileCall, handlers.file_call),
+    ("call.claim", ClaimCall, handlers.claim_call),
+    ("call.report", ReportCallResult, handlers.report_call_result),
 )
 
 
@@ -65,8 +71,10 @@ async def run(settings: Settings) -> None:
     await migrate(engine, settings)
     catalogue = load_catalogue(settings.tools_file)
     know_tools([spec.name for spec in catalogue.tools])
+    # The tool menus this process knows the database holds: a step names a known one without a write.
+    stored_menus: set[str] = set()
     ledger = Ledger(
-        open_store=partial(database_store, engine, runtime.topology, notify_channel(settings)),
+        open_store=partial(database_store, engine, runtime.topology, notify_channel(settings), stored_menus),
         topology=runtime.topology,
         catalogue=catalogue,
         authority=authority,
@@ -76,6 +84,13 @@ async def run(settings: Settings) -> None:
         default_provider=settings.provider,
         turn_bounds=TurnBounds(steps=settings.turn_max_steps, tokens=settings.turn_max_tokens),
     )
+
+    def take(new: ToolCatalogue) -> None:
+        # Between two transitions: each judges by the catalogue it started with, as after a restart.
+        ledger.catalogue = new
+        know_tools([spec.name for spec in new.tools])
+
+    runtime.on_reload(partial(reload_catalogue, settings.tools_file, take))
     # Transitions wait in the lanes, not in the pool: no more transactions at once
     # than there are connections, so load never meets the pool's checkout timeout
     # (failed handlers, redeliveries, dead letters). SQLite has one writer: one lane.

@@ -39,6 +39,7 @@ from shared.messages import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnRepeated,
     mint,
 )
 from shared.observability import (
@@ -146,6 +147,8 @@ def new_turn(store: LedgerStore, session: SessionState, command: StartTurn) -> s
             "started_by": command.started_by,
             "created_at": store.now,
             "completed_at": None,
+            "idempotency_key": command.idempotency_key,
+            "text_digest": digest_of(command.text),
         },
     )
     store.audit(
@@ -158,6 +161,30 @@ def new_turn(store: LedgerStore, session: SessionState, command: StartTurn) -> s
         text_digest=digest_of(command.text),
     )
     return turn_id
+
+
+def start_repeated(store: LedgerStore, session: SessionState, command: StartTurn, turn_id: str) -> None:
+    """A repeated start (its idempotency key already started `turn_id`): nothing starts;
+    the audit log answers the message with the turn it names, as the first start's
+    `turn.started` did, and the channel is told the same (`turn.repeated`)."""
+    store.audit(
+        session,
+        session.id,
+        "turn.repeated",
+        subject=turn_id,
+        actor=command.started_by,
+        message_id=command.message_id,
+        idempotency_key=command.idempotency_key,
+    )
+    store.emit(
+        session,
+        TurnRepeated(
+            session_id=session.id,
+            causation_id=command.message_id,
+            turn_id=turn_id,
+            idempotency_key=command.idempotency_key or "",
+        ),
+    )
 
 
 def session_starter(store: LedgerStore, session: SessionState, starter: str | None) -> None:
@@ -230,8 +257,12 @@ async def step_request(
     store: LedgerStore, session: SessionState, turn_id: str, catalogue: ToolCatalogue, cause: Envelope | None
 ) -> None:
     """A new model step, asked for by reference: the transcript's length and digest,
-    which the model-step reads from the ledger (claim-check; the command and its
-    outbox row stay the same size however long the session grows)."""
+    and the digest of the catalogue's tool menu, which the model-step reads from the
+    ledger (claim-check; the command and its outbox row stay the same size however long
+    the session grows, and carry no tool descriptions). The menu is stored with the
+    command, unless this ledger knows it is stored already."""
+    menu = catalogue.menu
+    store.keep_tool_menu(menu)
     step_id = mint("stp")
     store.add(
         "steps",
@@ -253,7 +284,7 @@ async def step_request(
             provider=session.provider,
             transcript_length=session.transcript_len,
             transcript_digest=await _transcript_digest(store, session),
-            tools=catalogue.descriptions(),
+            tools_digest=menu.digest,
         ),
     )
     session.status = "running"
@@ -557,7 +588,8 @@ def _seconds(since: datetime, until: datetime) -> float:
 
 
 def request_closed(store: LedgerStore, request: RequestOnRecord, status: str) -> None:
-    """The request leaves `pending` as `status` (approved, denied, expired, altered), counted once committed."""
+    """The request leaves `pending` as `status` (approved, denied, answered, expired,
+    altered), counted once committed."""
     store.update("approval_requests", request.id, status=status)
     when_committed(APPROVAL_OUTCOMES.labels(tool_label(request.tool), status).inc)
 
@@ -713,7 +745,7 @@ def closure(
     call.closure = closed
     # A person's reason or a deadline are said; what a tool, the model or a parked
     # message produced may echo a secret, so it is kept as a digest.
-    said = closed.kind in ("denied", "expired")
+    said = closed.kind in ("denied", "answered", "expired")
     store.audit(
         session,
         session.id,

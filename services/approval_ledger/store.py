@@ -10,11 +10,12 @@ outbox rows commit together or not at all (invariant 1). A handler
   `request_and_calls`, ...), never what it wrote itself;
 - hands over what it decided: rows to add (`add`), rows to change (`update`,
   `withdraw_request`, `hold_back`), approvals that no longer count
-  (`restart_count`), messages to emit (`emit`) and audit entries (`audit`).
-  Nothing is written then: every write is collected and applied at commit (or at
-  a group commit's `settle`), in one order: approvals withdrawn by a restarted
-  count, new rows per table, parents first, then the changes, then the outbox
-  rows in emission order, then the audit entries;
+  (`restart_count`), the tool menu a step names (`keep_tool_menu`), messages to
+  emit (`emit`) and audit entries (`audit`). Nothing is written then: every write
+  is collected and applied at commit (or at a group commit's `settle`), in one
+  order: approvals withdrawn by a restarted count, tool menus (each inserted only
+  if absent), new rows per table, parents first, then the changes, then the
+  outbox rows in emission order, then the audit entries;
 - commits, or leaves: whatever was not committed is gone, nothing of it published.
 
 The session row is read once (locked) and written once, at commit. Each audit
@@ -39,10 +40,12 @@ from typing import Any
 from shared import audit, faults
 from shared.ledger.held_back import held_back_claim
 from shared.messages import Envelope, TranscriptEntry, now
+from shared.tool_menu import ToolMenu
 from shared.topology import Topology
 
 from .decision_rules import Grant
-from .domain import Call, ClaimOnRecord, RequestOnRecord, Step, TurnSpend
+from .domain import Call, ClaimOnRecord, KeyedTurn, RequestOnRecord, Step, TurnSpend
+from .intake_rules import FiledOnRecord
 
 # The tables a transition inserts into, parents before children (foreign keys).
 INSERT_ORDER: tuple[str, ...] = (
@@ -50,6 +53,7 @@ INSERT_ORDER: tuple[str, ...] = (
     "steps",
     "tool_calls",
     "approval_requests",
+    "filed_calls",
     "grants",
     "approvals",
     "decisions",
@@ -199,17 +203,28 @@ class Writes:
     recounted: list[str] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
+    # `tool_menus` rows by digest, each inserted only if absent (another transaction,
+    # or another ledger, may have stored the same menu).
+    menus: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.updates or self.withdrawn or self.recounted or self.outbox or self.audit)
+        return bool(
+            self.rows or self.updates or self.withdrawn or self.recounted or self.outbox or self.audit or self.menus
+        )
 
 
 class LedgerStore(ABC):
     """The port: one transaction of the ledger (see the module's docstring)."""
 
-    def __init__(self, topology: Topology, notify_channel: str | None) -> None:
+    def __init__(self, topology: Topology, notify_channel: str | None, stored_menus: set[str] | None = None) -> None:
         self._topology = topology
         self._notify_channel = notify_channel
+        # The digests of the tool menus this process knows its database holds (one set
+        # per process and database, shared by its transactions; None: a set of this
+        # transaction's own, which knows none): a step names a known menu without a write.
+        self.stored_menus: set[str] = stored_menus if stored_menus is not None else set()
+        # The menus this transaction stores: known stored once it commits, not before.
+        self._storing_menus: set[str] = set()
         self.now: datetime
         self._session: SessionState | None = None
         self._tag: str | None = None
@@ -310,6 +325,10 @@ class LedgerStore(ABC):
     async def open_turn(self, session_id: str) -> OpenTurn: ...
 
     @abstractmethod
+    async def turn_of_key(self, session_id: str, key: str) -> KeyedTurn | None:
+        """The session's turn started with this idempotency key (None: none)."""
+
+    @abstractmethod
     async def turn_starter(self, turn_id: str) -> str | None:
         """Who the turn's channel said started it (None: nobody named)."""
 
@@ -343,8 +362,24 @@ class LedgerStore(ABC):
         """One grant by its id, whatever its session (None: there is none)."""
 
     @abstractmethod
+    async def filed_call(self, call_id: str) -> FiledOnRecord | None:
+        """A call filed through the intake, by its (the ledger's) call id; None: no such filing."""
+
+    @abstractmethod
+    async def filed_call_by_caller(self, program: str, caller_call_id: str) -> FiledOnRecord | None:
+        """A filed call by who filed it and their own call id (unique); None: not filed."""
+
+    @abstractmethod
+    async def due_leases(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        """(call id, session id) of claimed filed calls whose lease ended with no result, on calls still open."""
+
+    @abstractmethod
     async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:
         """The stored transcript entries at positions 1..upto (JSON-mode dumps), in order."""
+
+    @abstractmethod
+    async def tool_menu(self, digest: str) -> list[dict] | None:
+        """The descriptions of the stored tool menu with this digest (None: none is stored)."""
 
     async def transcript_rows(self, session: SessionState) -> list[dict]:
         """The whole transcript: the stored rows, then the entries appended now."""
@@ -386,6 +421,21 @@ class LedgerStore(ABC):
             return claim
         self.add("execution_claims", held_back_claim(call.id, call.idempotency_key, self.now))
         return None
+
+    def keep_tool_menu(self, menu: ToolMenu) -> None:
+        """The tool menu a step names is in the ledger when the step's command is: stored
+        in this transaction (if absent) unless this process knows it is stored already,
+        which is the common case and costs no write. Known only once this commits: a
+        transaction rolled back stored nothing, and the next step that names the menu
+        stores it again."""
+        if menu.digest in self.stored_menus or menu.digest in self._storing_menus:
+            return
+        self._storing_menus.add(menu.digest)
+        self._writes.menus[menu.digest] = {
+            "digest": menu.digest,
+            "descriptions": menu.descriptions,
+            "created_at": self.now,
+        }
 
     def emit(self, session: SessionState | None, message: Envelope) -> Envelope:
         """Append a message to the outbox; it leaves only after commit, in this order."""
@@ -486,5 +536,7 @@ class LedgerStore(ABC):
         for tag in tags:
             await faults.reached("ledger.before_commit", tag)
         await self._commit()
+        self.stored_menus.update(self._storing_menus)
+        self._storing_menus = set()
         for tag in tags:
             await faults.reached("ledger.after_commit", tag)

@@ -11,11 +11,14 @@ from .store_postgres import PostgresStore
 from .store_sql import DatabaseStore
 
 
-def database_store(engine: AsyncEngine, topology: Topology, notify_channel: str | None) -> LedgerStore:
-    """One transaction of the ledger on its database: PostgreSQL's adapter, or SQLite's."""
+def database_store(
+    engine: AsyncEngine, topology: Topology, notify_channel: str | None, stored_menus: set[str] | None = None
+) -> LedgerStore:
+    """One transaction of the ledger on its database: PostgreSQL's adapter, or SQLite's.
+    `stored_menus`: the tool menus the process knows this database holds (`LedgerStore`)."""
     if engine.dialect.name == "postgresql":
-        return PostgresStore(engine, topology, notify_channel)
-    return DatabaseStore(engine, topology, notify_channel)
+        return PostgresStore(engine, topology, notify_channel, stored_menus)
+    return DatabaseStore(engine, topology, notify_channel, stored_menus)
 
 
 def writers(engine: AsyncEngine, wanted: int) -> int:

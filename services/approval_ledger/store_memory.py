@@ -24,7 +24,18 @@ from shared.messages import Envelope
 from shared.topology import Topology
 
 from .decision_rules import Grant
-from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
+from .domain import (
+    Call,
+    ClaimOnRecord,
+    ClosureOnRecord,
+    KeyedTurn,
+    Note,
+    RequestOnRecord,
+    Step,
+    TurnSpend,
+    starters_of,
+)
+from .intake_rules import FiledOnRecord
 from .store import (
     INSERT_ORDER,
     NO_OPEN_TURN,
@@ -53,6 +64,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "provider_attempts": ("step_id", "number", "report_message_id"),
     "transcript": ("session_id", "position"),
     "execution_claims": ("call_id",),
+    "filed_calls": ("id",),
+    "tool_menus": ("digest",),
     "outbox": ("message_id",),
     "audit_log": ("session_id", "session_seq"),
 }
@@ -71,12 +84,22 @@ class MemoryDatabase:
     def __init__(self) -> None:
         self.tables: Tables = defaultdict(dict)
         self.locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The tool menus its ledger knows it holds (`LedgerStore.stored_menus`).
+        self.stored_menus: set[str] = set()
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         return list(self.tables[table].values())
 
-    def store(self, topology: Topology, notify_channel: str | None = None) -> MemoryStore:
-        return MemoryStore(self, topology, notify_channel)
+    def store(
+        self, topology: Topology, notify_channel: str | None = None, stored_menus: set[str] | None = None
+    ) -> MemoryStore:
+        """One transaction; `stored_menus`: another process's knowledge of the menus held
+        (None: this database's own ledger's)."""
+        return MemoryStore(self, topology, notify_channel, self.stored_menus if stored_menus is None else stored_menus)
+
+
+# Unique keys besides the primary one, as the database's constraints hold them.
+UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {"filed_calls": (("program", "caller_call_id"),)}
 
 
 def _key(table: str, row: dict[str, Any]) -> tuple:
@@ -87,6 +110,9 @@ def _write(tables: Tables, writes: Writes) -> None:
     for request_id in writes.recounted:
         for key in [key for key, row in tables["approvals"].items() if row["request_id"] == request_id]:
             del tables["approvals"][key]
+    for digest, row in writes.menus.items():
+        # Inserted only if absent, as the databases' ON CONFLICT DO NOTHING.
+        tables["tool_menus"].setdefault((digest,), copy.deepcopy(row))
     # Receiving writes the inbox row and a new session; a transition, the rest.
     for name in ("inbox", "sessions", *INSERT_ORDER):
         for row in writes.rows.get(name, ()):
@@ -107,12 +133,21 @@ def _insert(tables: Tables, name: str, row: dict[str, Any]) -> None:
     key = _key(name, row)
     if key in tables[name]:
         raise Conflict(f"{name} {key}")
+    for columns in UNIQUE.get(name, ()):
+        if any(all(other[c] == row[c] for c in columns) for other in tables[name].values()):
+            raise Conflict(f"{name} {columns}")
     tables[name][key] = copy.deepcopy(row)
 
 
 class MemoryStore(LedgerStore):
-    def __init__(self, database: MemoryDatabase, topology: Topology, notify_channel: str | None = None) -> None:
-        super().__init__(topology, notify_channel)
+    def __init__(
+        self,
+        database: MemoryDatabase,
+        topology: Topology,
+        notify_channel: str | None = None,
+        stored_menus: set[str] | None = None,
+    ) -> None:
+        super().__init__(topology, notify_channel, stored_menus)
         self._database = database
         self._held: list[asyncio.Lock] = []
         self._held_ids: set[str] = set()
@@ -314,6 +349,12 @@ class MemoryStore(LedgerStore):
         step = Step(latest["id"], latest["session_id"], latest["turn_id"], latest["status"])
         return OpenTurn(turn_id, step, self._calls_of_step(step.id))
 
+    async def turn_of_key(self, session_id: str, key: str) -> KeyedTurn | None:
+        for turn in self._rows("turns"):
+            if turn["session_id"] == session_id and turn.get("idempotency_key") == key:
+                return KeyedTurn(turn["id"], turn["started_by"], turn.get("text_digest"))
+        return None
+
     async def turn_starter(self, turn_id: str) -> str | None:
         turn = self._tables["turns"].get((turn_id,))
         return turn["started_by"] if turn is not None else None
@@ -363,6 +404,52 @@ class MemoryStore(LedgerStore):
         row = self._tables["grants"].get((grant_id,))
         return None if row is None else grant_of(SimpleNamespace(**row))
 
+    async def filed_call(self, call_id: str) -> FiledOnRecord | None:
+        row = self._tables["filed_calls"].get((call_id,))
+        return None if row is None else _filed(row)
+
+    async def filed_call_by_caller(self, program: str, caller_call_id: str) -> FiledOnRecord | None:
+        for row in self._rows("filed_calls"):
+            if (row["program"], row["caller_call_id"]) == (program, caller_call_id):
+                return _filed(row)
+        return None
+
+    async def due_leases(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        calls = self._tables["tool_calls"]
+        due = [
+            row
+            for row in self._rows("filed_calls")
+            if row.get("reported_at") is None
+            and row.get("lease_expires_at") is not None
+            and row["lease_expires_at"] <= at
+            and calls[(row["id"],)]["status"] != "closed"
+        ]
+        due.sort(key=lambda row: row["lease_expires_at"])
+        return [(row["id"], row["session_id"]) for row in due[:limit]]
+
     async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:
         rows = [r for r in self._rows("transcript") if r["session_id"] == session_id and r["position"] <= upto]
         return [copy.deepcopy(r["entry"]) for r in sorted(rows, key=lambda r: r["position"])]
+
+    async def tool_menu(self, digest: str) -> list[dict] | None:
+        row = self._tables["tool_menus"].get((digest,))
+        return None if row is None else copy.deepcopy(row["descriptions"])
+
+
+def _filed(row: dict[str, Any]) -> FiledOnRecord:
+    return FiledOnRecord(
+        row["id"],
+        row["session_id"],
+        row["program"],
+        row["caller_call_id"],
+        row["origin"],
+        row["tool"],
+        row["args_fingerprint"],
+        row["runs"],
+        row.get("request_id"),
+        row.get("claim_token_hash"),
+        row.get("claimed_at"),
+        row.get("lease_expires_at"),
+        row.get("reported_at"),
+        row.get("claim_holder"),
+    )

@@ -3,8 +3,9 @@
 The reads are `store_sql.py`'s Core queries, sent straight to asyncpg, in a
 transaction begun on asyncpg itself (`shared/ledger/driver.py`): a fraction of SQLAlchemy's
 execution, which costs more CPU than these small statements take in PostgreSQL.
-Receiving a message is one statement (the inbox row and the session's lock; a
-session's first turn two), and a transition's writes are one more
+Receiving a message is one statement (the inbox row and the session's lock, or the
+session's new row; two only when another transaction created the session meanwhile),
+and a transition's writes are one more
 (`_write_in_one_statement`): two round trips besides its reads, which group commit
 (`group_commit.py`) shares further.
 """
@@ -38,10 +39,12 @@ _RECEIVE_AND_LOCK = {
 }
 # A turn that may open its session: the inbox row, and the session row only if the
 # inbox row went in (a duplicate leaves nothing behind, also inside a group commit,
-# which does not roll back for it); and the session locked, if it was there before
-# this statement (its snapshot): a session this statement creates, or one another
-# transaction created meanwhile, is NULL here, and `_LOCK_SESSION` then sees the row.
-# A turn of a session that exists (all but its first) costs one round trip.
+# which does not roll back for it); and the session: the row this statement created
+# (its RETURNING: a row this transaction inserted is its own until it commits, as
+# good as locked), else the row locked, if it was there before this statement (its
+# snapshot). The two cannot both be there (the insert does nothing when the row
+# exists). Only a session another transaction created meanwhile is NULL here, and
+# `_LOCK_SESSION` then sees the row. A turn costs one round trip, its session's first too.
 _RECEIVE_AND_CREATE = {
     notify: text(
         "WITH inbox AS (INSERT INTO inbox (message_id, message_type, session_id, received_at)"
@@ -49,12 +52,26 @@ _RECEIVE_AND_CREATE = {
         + (" RETURNING pg_notify(:channel, ''))," if notify else " RETURNING 1),")
         + " created AS (INSERT INTO sessions (id, status, provider, event_seq, transcript_len, status_reason,"
         " created_at, updated_at) SELECT :session_id, 'idle', :provider, 0, 0, NULL, :received_at, :received_at"
-        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING),"
+        " WHERE EXISTS (SELECT FROM inbox) ON CONFLICT (id) DO NOTHING RETURNING *),"
         " locked AS (SELECT * FROM sessions WHERE id = :session_id FOR UPDATE)"
-        " SELECT (SELECT count(*) FROM inbox) AS fresh, locked.* FROM (SELECT 1) AS one LEFT JOIN locked ON true"
+        " SELECT (SELECT count(*) FROM inbox) AS fresh, session.* FROM (SELECT 1) AS one"
+        " LEFT JOIN (SELECT * FROM created UNION ALL SELECT * FROM locked) AS session ON true"
     )
     for notify in (False, True)
 }
+
+
+_PROCESSORS: dict[str, dict[str, Any]] = {}
+
+
+def _processors(table: Table, dialect: Any) -> dict[str, Any]:
+    """Each column's bind processor by name (None: the value goes as it is), looked up
+    once per table: looking columns up by name on every write was 2 % of the ledger's CPU."""
+    try:
+        return _PROCESSORS[table.name]
+    except KeyError:
+        found = _PROCESSORS[table.name] = {column.key: bind_processor(column, dialect) for column in table.c}
+        return found
 
 
 class _Statement:
@@ -66,32 +83,36 @@ class _Statement:
         self.dialect = dialect
         self.values: list[Any] = []
 
-    def value(self, value: Any, column: Any = None) -> str:
-        if column is not None:
-            process = bind_processor(column, self.dialect)
-            if process is not None:
-                value = process(value)
+    def value(self, value: Any, process: Any = None) -> str:
+        if process is not None:
+            value = process(value)
         self.values.append(value)
         return f"${len(self.values)}"
 
     def insert(self, table: Table, rows: list[dict[str, Any]]) -> str:
         names = list(rows[0])
-        columns = [table.c[name] for name in names]
+        processors = _processors(table, self.dialect)
+        columns = [processors[name] for name in names]
         tuples = ", ".join(
-            "(" + ", ".join(self.value(row[name], column) for name, column in zip(names, columns, strict=True)) + ")"
+            "(" + ", ".join(self.value(row[name], process) for name, process in zip(names, columns, strict=True)) + ")"
             for row in rows
         )
         quoted = ", ".join(f'"{name}"' for name in names)
         return f"INSERT INTO {table.name} ({quoted}) VALUES {tuples}"
 
+    def insert_unless_present(self, table: Table, rows: list[dict[str, Any]], key: str) -> str:
+        """The rows whose key is not taken: a row already there stays as it is."""
+        return f'{self.insert(table, rows)} ON CONFLICT ("{key}") DO NOTHING'
+
     def update(self, table: Table, key: Any, values: dict[str, Any]) -> str:
-        assignments = ", ".join(f'"{name}" = {self.value(v, table.c[name])}' for name, v in values.items())
-        return f"UPDATE {table.name} SET {assignments} WHERE id = {self.value(key, table.c.id)}"
+        processors = _processors(table, self.dialect)
+        assignments = ", ".join(f'"{name}" = {self.value(v, processors[name])}' for name, v in values.items())
+        return f"UPDATE {table.name} SET {assignments} WHERE id = {self.value(key, processors['id'])}"
 
     def withdraw(self, call_ids: list[str]) -> str:
         """The pending requests of these calls close as cancelled."""
-        column = TABLES["approval_requests"].c.call_id
-        keys = ", ".join(self.value(call_id, column) for call_id in call_ids)
+        process = _processors(TABLES["approval_requests"], self.dialect)["call_id"]
+        keys = ", ".join(self.value(call_id, process) for call_id in call_ids)
         return f"UPDATE approval_requests SET status = 'cancelled' WHERE status = 'pending' AND call_id IN ({keys})"
 
 
@@ -100,7 +121,7 @@ class PostgresStore(DatabaseStore):
     under the checked-out connection: every statement of it is sent straight to asyncpg,
     so SQLAlchemy never begins one there (its adapter then has nothing to end, and the
     pool's reset on return sends nothing). SQLAlchemy's begin, first statement and
-    commit cost ~10 % of the ledger's CPU per round trip (docs/performance.md, session 6)."""
+    commit cost ~10 % of the ledger's CPU per round trip (docs/benchmarks.md)."""
 
     # Its asyncpg connection (`_raw`), for the statements sent straight to it.
     _raw_connection: Any = None
@@ -201,6 +222,8 @@ class PostgresStore(DatabaseStore):
         statement, when the parents inserted beside their children are there."""
         sql = _Statement(self.db.dialect)
         parts = []
+        if writes.menus:
+            parts.append(sql.insert_unless_present(TABLES["tool_menus"], list(writes.menus.values()), "digest"))
         for name in INSERT_ORDER:
             rows = writes.rows.get(name)
             if rows:

@@ -3,10 +3,11 @@ port (`store.py`), and the queries the PostgreSQL adapter (`store_postgres.py`) 
 
 Each read is one query built once, run on the transaction's connection after the
 session row is locked. The writes a transition collected are applied in one
-greenlet (`run_sync`): one INSERT per table with all its rows, parents first,
-then one UPDATE per changed row, then the outbox rows in emission order, then
-the audit entries. SQLite has one writer: its transactions never interleave, so
-no lock order matters and the first write (the inbox row) holds the database.
+greenlet (`run_sync`): the tool menus it stores (insert if absent), one INSERT per
+table with all its rows, parents first, then one UPDATE per changed row, then the
+outbox rows in emission order, then the audit entries. SQLite has one writer: its
+transactions never interleave, so no lock order matters and the first write (the
+inbox row) holds the database.
 """
 
 from __future__ import annotations
@@ -19,11 +20,23 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.ledger.database import insert_unless_present
 from shared.ledger.tables import TABLES
+from shared.ledger.tool_menus import MENU_BY_DIGEST
 from shared.messages import Envelope
 from shared.topology import Topology
 
 from .decision_rules import Grant
-from .domain import Call, ClaimOnRecord, ClosureOnRecord, Note, RequestOnRecord, Step, TurnSpend, starters_of
+from .domain import (
+    Call,
+    ClaimOnRecord,
+    ClosureOnRecord,
+    KeyedTurn,
+    Note,
+    RequestOnRecord,
+    Step,
+    TurnSpend,
+    starters_of,
+)
+from .intake_rules import FiledOnRecord
 from .store import (
     INSERT_ORDER,
     NO_OPEN_TURN,
@@ -51,6 +64,8 @@ CLOSURES = TABLES["closures"]
 TURNS = TABLES["turns"]
 CLAIMS = TABLES["execution_claims"]
 GRANTS = TABLES["grants"]
+FILED = TABLES["filed_calls"]
+TOOL_MENUS = TABLES["tool_menus"]
 
 _pending = APPROVAL_REQUESTS.alias("pending")
 
@@ -68,9 +83,17 @@ _TRANSCRIPT = (
     .where(TRANSCRIPT.c.session_id == bindparam("session_id"), TRANSCRIPT.c.position <= bindparam("upto"))
     .order_by(TRANSCRIPT.c.position)
 )
-_STEP = select(STEPS.c.id, STEPS.c.session_id, STEPS.c.turn_id, STEPS.c.status, _session_waits()).where(
-    STEPS.c.id == bindparam("step_id")
-)
+# The step, and what its report's transition reads next: whether the session waits
+# on a person, and whether it has grants at all (`grants` is then answered without
+# a statement: most sessions have none).
+_STEP = select(
+    STEPS.c.id,
+    STEPS.c.session_id,
+    STEPS.c.turn_id,
+    STEPS.c.status,
+    _session_waits(),
+    select(GRANTS.c.id).where(GRANTS.c.session_id == bindparam("session_id")).exists().label("has_grants"),
+).where(STEPS.c.id == bindparam("step_id"))
 _PENDING = (
     select(APPROVAL_REQUESTS.c.id)
     .where(APPROVAL_REQUESTS.c.session_id == bindparam("session_id"), APPROVAL_REQUESTS.c.status == "pending")
@@ -184,6 +207,9 @@ _GRANTS = (
 )
 _GRANT = select(GRANTS).where(GRANTS.c.id == bindparam("grant_id"))
 _TURN_STARTER = select(TURNS.c.started_by).where(TURNS.c.id == bindparam("turn_id"))
+_TURN_OF_KEY = select(TURNS.c.id, TURNS.c.started_by, TURNS.c.text_digest).where(
+    TURNS.c.session_id == bindparam("session_id"), TURNS.c.idempotency_key == bindparam("key")
+)
 _PENDING_TOOLS = (
     select(TOOL_CALLS.c.tool, APPROVAL_REQUESTS.c.escalated_at)
     .select_from(APPROVAL_REQUESTS.join(TOOL_CALLS, TOOL_CALLS.c.id == APPROVAL_REQUESTS.c.call_id))
@@ -268,11 +294,68 @@ _CLAIM = select(
 ).where(CLAIMS.c.call_id == bindparam("call_id"))
 
 
+_FILED_COLUMNS = (
+    FILED.c.id,
+    FILED.c.session_id,
+    FILED.c.program,
+    FILED.c.caller_call_id,
+    FILED.c.origin,
+    FILED.c.tool,
+    FILED.c.args_fingerprint,
+    FILED.c.runs,
+    FILED.c.request_id,
+    FILED.c.claim_token_hash,
+    FILED.c.claimed_at,
+    FILED.c.lease_expires_at,
+    FILED.c.reported_at,
+    FILED.c.claim_holder,
+)
+_FILED = select(*_FILED_COLUMNS).where(FILED.c.id == bindparam("call_id"))
+_FILED_BY_CALLER = select(*_FILED_COLUMNS).where(
+    FILED.c.program == bindparam("program"), FILED.c.caller_call_id == bindparam("caller_call_id")
+)
+# Claims whose lease ended with no result (`ix_filed_calls_lease`, unreported rows only).
+_DUE_LEASES = (
+    select(FILED.c.id, FILED.c.session_id)
+    .join(TOOL_CALLS, TOOL_CALLS.c.id == FILED.c.id)
+    .where(
+        FILED.c.reported_at.is_(None),
+        FILED.c.lease_expires_at.is_not(None),
+        FILED.c.lease_expires_at <= bindparam("at"),
+        TOOL_CALLS.c.status != "closed",
+    )
+    .order_by(FILED.c.lease_expires_at)
+    .limit(bindparam("limit"))
+)
+
+
+def filed_of(row: Any) -> FiledOnRecord:
+    """A `filed_calls` row (anything with its columns as attributes) as the rules read it."""
+    return FiledOnRecord(
+        row.id,
+        row.session_id,
+        row.program,
+        row.caller_call_id,
+        row.origin,
+        row.tool,
+        row.args_fingerprint,
+        row.runs,
+        row.request_id,
+        row.claim_token_hash,
+        row.claimed_at,
+        row.lease_expires_at,
+        row.reported_at,
+        row.claim_holder,
+    )
+
+
 _LOCK_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("session_id")).with_for_update()
 _INSERT_SESSION = insert_unless_present(SESSIONS, "id", "sqlite")
 # A duplicate message inserts nothing (rowcount 0): the database decides, in this transaction (invariant 8).
 _INBOX_INSERT = insert_unless_present(INBOX, "message_id", "sqlite")
 _INSERT = {name: TABLES[name].insert() for name in ("outbox", "audit_log", *INSERT_ORDER)}
+# A menu another transaction (or ledger) stored meanwhile stays as it is: same digest, same menu.
+_INSERT_MENU = insert_unless_present(TOOL_MENUS, "digest", "sqlite")
 # The SET clause is the parameters' column names; every updated table has an `id` key.
 _UPDATE_BY_ID = {
     name: TABLES[name].update().where(TABLES[name].c.id == bindparam("id_"))
@@ -294,8 +377,10 @@ _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 
 class DatabaseStore(LedgerStore):
-    def __init__(self, engine: AsyncEngine, topology: Topology, notify_channel: str | None) -> None:
-        super().__init__(topology, notify_channel)
+    def __init__(
+        self, engine: AsyncEngine, topology: Topology, notify_channel: str | None, stored_menus: set[str] | None = None
+    ) -> None:
+        super().__init__(topology, notify_channel, stored_menus)
         self._engine = engine
         self.db: AsyncConnection
 
@@ -355,6 +440,9 @@ class DatabaseStore(LedgerStore):
         if not found:
             return StepRead(None, False)
         row = found[0]
+        if not row.has_grants:
+            # Carried for `grants`: grants are written only under the session's lock, held now.
+            self._carried[("grants", session_id)] = []
         return StepRead(Step(row.id, row.session_id, row.turn_id, row.status), bool(row.waiting))
 
     async def call_and_siblings(self, call_id: str, session_id: str) -> StepCalls:
@@ -434,6 +522,10 @@ class DatabaseStore(LedgerStore):
         rows = await self.read(_CALLS_OF_STEP, {"step_id": step.id})
         return OpenTurn(turn_id, step, [_call(r) for r in rows])
 
+    async def turn_of_key(self, session_id: str, key: str) -> KeyedTurn | None:
+        found = await self.read(_TURN_OF_KEY, {"session_id": session_id, "key": key})
+        return KeyedTurn(found[0].id, found[0].started_by, found[0].text_digest) if found else None
+
     async def turn_starter(self, turn_id: str) -> str | None:
         found = await self.read(_TURN_STARTER, {"turn_id": turn_id})
         return found[0].started_by if found else None
@@ -459,6 +551,8 @@ class DatabaseStore(LedgerStore):
         return TurnSpend(int(row.steps), int(row.calls), int(row.tokens))
 
     async def grants(self, session_id: str) -> list[Grant]:
+        if ("grants", session_id) in self._carried:
+            return self._carried.pop(("grants", session_id))
         return [grant_of(row) for row in await self.read(_GRANTS, {"session_id": session_id})]
 
     async def grant(self, grant_id: str) -> Grant | None:
@@ -476,8 +570,23 @@ class DatabaseStore(LedgerStore):
             row.status, row.outcome, row.result, row.holder, row.attempts, row.claimed_at, row.authorization
         )
 
+    async def filed_call(self, call_id: str) -> FiledOnRecord | None:
+        found = await self.read(_FILED, {"call_id": call_id})
+        return filed_of(found[0]) if found else None
+
+    async def filed_call_by_caller(self, program: str, caller_call_id: str) -> FiledOnRecord | None:
+        found = await self.read(_FILED_BY_CALLER, {"program": program, "caller_call_id": caller_call_id})
+        return filed_of(found[0]) if found else None
+
+    async def due_leases(self, at: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        return [(r.id, r.session_id) for r in await self.read(_DUE_LEASES, {"at": at, "limit": limit})]
+
     async def transcript_entries(self, session_id: str, upto: int) -> list[dict]:
         return [row.entry for row in await self.read(_TRANSCRIPT, {"session_id": session_id, "upto": upto})]
+
+    async def tool_menu(self, digest: str) -> list[dict] | None:
+        found = await self.read(MENU_BY_DIGEST, {"digest": digest})
+        return found[0].descriptions if found else None
 
     # -- writes ----------------------------------------------------------------------
 
@@ -487,6 +596,8 @@ class DatabaseStore(LedgerStore):
     def _write(self, db: Connection, writes: Writes, notify: bool) -> None:
         for request_id in writes.recounted:
             db.execute(_RESTART_COUNT, {"request_id_": request_id}).all()
+        if writes.menus:
+            db.execute(_INSERT_MENU, list(writes.menus.values()))
         for name in INSERT_ORDER:
             rows = writes.rows.get(name)
             if rows:

@@ -1,8 +1,9 @@
 """The web inbox: server-rendered pages (Jinja2) where a person signs off from a browser.
 
-Everything here goes through the gateway's own API functions: the pages call the
-routes' endpoints (`POST /v1/login`, `POST /v1/requests/{id}/decision`, …) in-process
-with the person the cookie proves, so a decision from a page is the same message,
+Everything here goes through the gateway's own API functions, in-process, with the
+person the cookie proves: a decision through `decisions.decide` (the one decision path
+the API's route takes too), a login, start, cancel or revocation through the API
+routers' functions. So a decision from a page is the same message,
 signed the same way, judged by the same ledger, as one sent to the JSON API. What
 the pages add is the form around it: a state-changing form carries the session's
 CSRF token as a field (checked like the `X-CSRF-Token` header, with the Origin), an
@@ -24,15 +25,14 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
@@ -41,15 +41,19 @@ from shared import audit
 from shared.catalogue import ToolSpec
 from shared.ledger.pages import BadCursor
 from shared.ledger.tables import Turn
-from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, host_warnings, json_lines, visible
+from shared.on_screen import FIELD_CHARS, TARGET_CHARS, TEXT_CHARS, card_face, json_lines, visible
 from shared.redaction import redact_text
 
+from . import cards, decisions, logins, sessions
+from .bodies import CancelBody, DecisionBody, LoginBody, RememberBody, RevokeBody, StartBody
+from .callers import Caller, Gateway, caller, check_origin, gateway_of
 from .problems import Problem
+from .reads import Ledger
 
 HERE = Path(__file__).parent
 PREFIX = "/inbox"
 # The inbox shows this many cards a page, the oldest first; a link leads to the next
-# (with thousands waiting, one page of all of them helps nobody: issue 25).
+# (with thousands waiting, one page of all of them helps nobody).
 INBOX_PAGE = 50
 TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
 # The pages load nothing from elsewhere and may not be framed (an approval button in
@@ -82,26 +86,29 @@ MAX_FORM_FIELDS = 16
 
 
 def shown_card(card: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """A card as a page shows it: every text from outside through `visible` (no bidi
-    override, zero-width or look-alike host reaches the page unmarked), the arguments
-    laid out as the console's card lays them out, ages and deadlines in seconds."""
+    """A card as a page shows it: what every channel shows of it (`card_face`: every text
+    from outside through `visible`, so no bidi override, zero-width or look-alike host
+    reaches the page unmarked; the arguments laid out as the console's card lays them
+    out), what only a page shows (the description, an edit, who may approve), ages and
+    deadlines in seconds."""
+    face = card_face(card["id"], card, card.get("args_digest", ""))
     created = _aware(card["created_at"])
     expires = _aware(card["expires_at"]) if card.get("expires_at") else None
-    target = str(card.get("target", ""))
     return {
         **card,
-        "tool_shown": visible(card.get("tool", ""), FIELD_CHARS),
-        "label_shown": visible(card.get("label", ""), FIELD_CHARS),
+        "tool_shown": face.tool,
+        "label_shown": face.label,
         "description_shown": visible(card.get("description", ""), TEXT_CHARS),
         # Why it needs approval: the tool's rule over these arguments, as the ledger recorded it.
-        "reason_shown": visible(card.get("reason") or "", TEXT_CHARS),
+        "reason_shown": face.reason,
+        "filed_shown": face.filed,
         "edit_shown": visible(f"{card.get('edited_by')} changed them: {card.get('edit')}", TEXT_CHARS)
         if card.get("edit")
         else "",
-        "target_shown": visible(target, TARGET_CHARS) if target else "",
-        "warnings": host_warnings(target) + [w for line in json_lines(card["arguments"]) for w in host_warnings(line)],
-        "argument_lines": json_lines(card.get("arguments", {})),
-        "hidden_shown": [visible(h, FIELD_CHARS) for h in card.get("hidden", [])],
+        "target_shown": face.target,
+        "warnings": face.warnings,
+        "argument_lines": face.arguments,
+        "hidden_shown": face.hidden,
         "outward": card.get("effect") == "outward",
         "created_iso": created.isoformat(timespec="seconds"),
         "age_seconds": max(0, int((now - created).total_seconds())),
@@ -131,8 +138,17 @@ def edit_fields(spec: ToolSpec | None, card: dict[str, Any]) -> list[dict[str, A
         value = card.get("arguments", {}).get(name)
         text = properties[name].get("type") == "string"
         shown = "" if value is None else (value if text and isinstance(value, str) else json.dumps(value))
-        fields.append({"name": name, "label": visible(name, FIELD_CHARS), "value": shown, "text": text})
+        fields.append({"name": name, "label": visible(name, FIELD_CHARS), "value": as_typed(shown), "text": text})
     return fields
+
+
+def as_typed(value: str) -> str:
+    """A value as an edit field shows it: as typed, unless it holds what every other place
+    of the card shows as an escape (a bidi control, a zero-width or other invisible
+    character): then all of it through `visible`, so the field shows what the card does.
+    Sent back unchanged, it leaves the argument as it was (`edited_arguments`)."""
+    plain = value.replace("\\", "")
+    return value if visible(plain) == plain else visible(value)
 
 
 def edited_arguments(spec: ToolSpec | None, card: dict[str, Any], form: Mapping[str, str]) -> dict[str, Any]:
@@ -342,319 +358,344 @@ def safe_next(target: str | None) -> str:
 # --- the routes --------------------------------------------------------------------------------
 
 
-def install_routes(app: FastAPI, api: Any) -> None:
-    """The inbox's pages under /inbox, and its script and style under /inbox/static.
-    `api`: the app module (passed, not imported: services/gateway/app.py includes this)."""
-    router = APIRouter(prefix=PREFIX, include_in_schema=False)
+def page(request: Request, template: str, status: int = 200, who=None, **context: Any) -> HTMLResponse:
+    gateway = gateway_of(request)
+    context.update(
+        request=request,
+        who=who,
+        csrf=gateway.sessions.csrf_token(who.login) if who is not None else "",
+        oidc=gateway.oidc is not None,
+    )
+    return TEMPLATES.TemplateResponse(request, template, context, status_code=status, headers=PAGE_HEADERS)
 
-    def endpoint(method: str, path: str):
-        """The API route's own function, so the pages do exactly what the API does."""
-        for route in app.router.routes:
-            if isinstance(route, APIRoute) and route.path == path and method in (route.methods or ()):
-                return route.endpoint
-        raise LookupError(f"no {method} {path} route")
 
-    def page(request: Request, template: str, status: int = 200, who=None, **context: Any) -> HTMLResponse:
-        gateway = api.gateway_of(request)
-        context.update(
-            request=request,
-            who=who,
-            csrf=gateway.sessions.csrf_token(who.login) if who is not None else "",
-            oidc=gateway.oidc is not None,
-        )
-        return TEMPLATES.TemplateResponse(request, template, context, status_code=status, headers=PAGE_HEADERS)
+def problem_page(request: Request, problem: Problem, who=None) -> HTMLResponse:
+    return page(
+        request,
+        "problem.html",
+        status=problem.status,
+        who=who,
+        title=problem.title,
+        detail=problem.detail,
+        kind=problem.kind,
+    )
 
-    def problem_page(request: Request, problem: Problem, who=None) -> HTMLResponse:
-        return page(
-            request,
-            "problem.html",
-            status=problem.status,
-            who=who,
-            title=problem.title,
-            detail=problem.detail,
-            kind=problem.kind,
-        )
 
-    async def person(request: Request):
-        """The person the cookie proves (api.caller: valid, unexpired, not ended, still a
-        user), or None: the page sends them to log in. Programs use the JSON API."""
-        if request.headers.get("authorization"):
-            raise Problem(403, "people-only", "The inbox is for people", "Programs use the JSON API under /v1.")
-        try:
-            return await api.caller(request)
-        except Problem as problem:
-            if problem.status == 401:
-                return None
-            raise
+async def person(request: Request) -> Caller | None:
+    """The person the cookie proves (callers.caller: valid, unexpired, not ended, still a
+    user), or None: the page sends them to log in. Programs use the JSON API."""
+    if request.headers.get("authorization"):
+        raise Problem(403, "people-only", "The inbox is for people", "Programs use the JSON API under /v1.")
+    try:
+        return await caller(request)
+    except Problem as problem:
+        if problem.status == 401:
+            return None
+        raise
 
-    def to_login(request: Request) -> RedirectResponse:
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return RedirectResponse(f"{PREFIX}/login?next={quote(here, safe='')}", status_code=303)
 
-    async def changing(request: Request):
-        """A form that changes state: a person logged in, the session's CSRF token in the
-        form's `csrf_token` field, and (when the browser names one) this gateway's Origin."""
+def to_login(request: Request) -> RedirectResponse:
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"{PREFIX}/login?next={quote(here, safe='')}", status_code=303)
+
+
+Seen = TypeVar("Seen")
+
+
+async def seen_by_person(
+    request: Request, read: Callable[[Ledger, Caller], Awaitable[Seen]]
+) -> tuple[Caller, Seen] | Response:
+    """What a page shows, read as the person logged in: the login page when nobody is,
+    a problem page when they may not see it (a card or session of others: not found)."""
+    who = None
+    try:
         who = await person(request)
         if who is None:
-            raise Problem(401, "unauthenticated", "Log in first", "Your session ended; log in again.")
-        form = await form_of(request)
-        gateway = api.gateway_of(request)
-        api.check_origin(request, gateway.settings)
-        if not gateway.sessions.csrf_ok(who.login, form.get("csrf_token")):
-            raise Problem(403, "csrf", "The form's CSRF token is missing or wrong", "Reload the page and try again.")
-        return who, form
-
-    # --- login and logout ----------------------------------------------------------------
-
-    @router.get("/login")
-    async def login_page(request: Request, next: str | None = None) -> Response:
-        return page(request, "login.html", next=safe_next(next), error=None)
-
-    @router.post("/login")
-    async def login_form(request: Request) -> Response:
-        form = await form_of(request)
-        target = safe_next(form.get("next"))
-        try:
-            body = api.LoginBody(name=form.get("name", ""), password=form.get("password", ""))
-        except ValidationError:
-            return page(request, "login.html", status=401, next=target, error="Wrong name or password.")
-        answered = Response()
-        try:
-            await endpoint("POST", "/v1/login")(body=body, request=request, response=answered)
-        except Problem as problem:
-            said = "Wrong name or password." if problem.status == 401 else f"{problem.title}. {problem.detail}"
-            return page(request, "login.html", status=problem.status, next=target, error=said)
-        moved = RedirectResponse(target, status_code=303)
-        for name, value in answered.raw_headers:
-            if name == b"set-cookie":
-                moved.raw_headers.append((name, value))
-        return moved
-
-    @router.post("/logout")
-    async def logout_form(request: Request) -> Response:
-        try:
-            who, _ = await changing(request)
-            answered = await endpoint("POST", "/v1/logout")(request=request, who=who)
-        except Problem as problem:
-            return problem_page(request, problem)
-        moved = RedirectResponse(f"{PREFIX}/login", status_code=303)
-        moved.raw_headers.extend((n, v) for n, v in answered.raw_headers if n == b"set-cookie")
-        return moved
-
-    # --- the inbox -----------------------------------------------------------------------
-
-    @router.get("")
-    async def inbox(
-        request: Request, decided: str | None = None, outcome: str | None = None, cursor: str | None = None
-    ) -> Response:
-        try:
-            who = await person(request)
-        except Problem as problem:
-            return problem_page(request, problem)
-        if who is None:
             return to_login(request)
-        gateway = api.gateway_of(request)
-        ledger = gateway.ledger
-        try:
-            cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE, cursor)
-        except BadCursor:
-            cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE)
-        starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
-        now = datetime.now(UTC)
-        approved = await ledger.record.approved_by(who.user.name, [c["id"] for c in cards])
-        split = sorted_for(who.user, [shown_card(c, now) for c in cards], starters, approved)
-        notice = None
-        if decided and outcome in OUTCOMES:
-            notice = OUTCOMES[outcome].format(request=visible(decided, FIELD_CHARS))
-        more = None if following is None else f"{PREFIX}?{urlencode({'cursor': following})}"
-        return page(request, "inbox.html", who=who, notice=notice, more=more, paged=cursor is not None, **split)
+        return who, await read(gateway_of(request).ledger, who)
+    except Problem as problem:
+        return problem_page(request, problem, who)
 
-    @router.post("/sessions")
-    async def start_form(request: Request) -> Response:
-        """Ask the agent something: a new session started by this person."""
-        try:
-            who, form = await changing(request)
-            body = api.StartBody(text=form.get("text", ""))
-            started = await endpoint("POST", "/v1/sessions")(body=body, request=request, who=who)
-        except ValidationError:
-            return problem_page(request, Problem(422, "invalid", "Say what the agent should do"))
-        except Problem as problem:
-            return problem_page(request, problem)
-        await until_on_record(api.gateway_of(request), started.session_id)
-        return RedirectResponse(f"{PREFIX}/sessions/{started.session_id}", status_code=303)
 
-    # --- a card --------------------------------------------------------------------------
+async def form_changing(request: Request) -> tuple[Caller, dict[str, str]]:
+    """A form that changes state: a person logged in, the session's CSRF token in the
+    form's `csrf_token` field, and (when the browser names one) this gateway's Origin."""
+    who = await person(request)
+    if who is None:
+        raise Problem(401, "unauthenticated", "Log in first", "Your session ended; log in again.")
+    form = await form_of(request)
+    gateway = gateway_of(request)
+    check_origin(request, gateway.settings)
+    if not gateway.sessions.csrf_ok(who.login, form.get("csrf_token")):
+        raise Problem(403, "csrf", "The form's CSRF token is missing or wrong", "Reload the page and try again.")
+    return who, form
 
-    @router.get("/requests/{request_id}")
-    async def card_page(request: Request, request_id: str) -> Response:
-        who = None
+
+# --- the routes: the pages under /inbox (their script and style: /inbox/static, mounted by the app)
+
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+# --- login and logout ----------------------------------------------------------------
+
+
+@router.get("/login")
+async def login_page(request: Request, next: str | None = None) -> Response:
+    return page(request, "login.html", next=safe_next(next), error=None)
+
+
+@router.post("/login")
+async def login_form(request: Request) -> Response:
+    form = await form_of(request)
+    target = safe_next(form.get("next"))
+    try:
+        body = LoginBody(name=form.get("name", ""), password=form.get("password", ""))
+    except ValidationError:
+        return page(request, "login.html", status=401, next=target, error="Wrong name or password.")
+    answered = Response()
+    try:
+        await logins.login(body=body, request=request, response=answered)
+    except Problem as problem:
+        said = "Wrong name or password." if problem.status == 401 else f"{problem.title}. {problem.detail}"
+        return page(request, "login.html", status=problem.status, next=target, error=said)
+    moved = RedirectResponse(target, status_code=303)
+    for name, value in answered.raw_headers:
+        if name == b"set-cookie":
+            moved.raw_headers.append((name, value))
+    return moved
+
+
+@router.post("/logout")
+async def logout_form(request: Request) -> Response:
+    try:
+        who, _ = await form_changing(request)
+        answered = await logins.logout(request=request, who=who)
+    except Problem as problem:
+        return problem_page(request, problem)
+    moved = RedirectResponse(f"{PREFIX}/login", status_code=303)
+    moved.raw_headers.extend((n, v) for n, v in answered.raw_headers if n == b"set-cookie")
+    return moved
+
+
+# --- the inbox -----------------------------------------------------------------------
+
+
+@router.get("")
+async def inbox(
+    request: Request, decided: str | None = None, outcome: str | None = None, cursor: str | None = None
+) -> Response:
+    try:
+        who = await person(request)
+    except Problem as problem:
+        return problem_page(request, problem)
+    if who is None:
+        return to_login(request)
+    ledger = gateway_of(request).ledger
+    try:
+        cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE, cursor)
+    except BadCursor:
+        cards, following = await ledger.requests(who.user, "pending", None, None, INBOX_PAGE)
+    starters = {s: await ledger.starters(s) for s in {c["session_id"] for c in cards}}
+    now = datetime.now(UTC)
+    approved = await ledger.record.approved_by(who.user.name, [c["id"] for c in cards])
+    split = sorted_for(who.user, [shown_card(c, now) for c in cards], starters, approved)
+    notice = None
+    if decided and outcome in OUTCOMES:
+        notice = OUTCOMES[outcome].format(request=visible(decided, FIELD_CHARS))
+    more = None if following is None else f"{PREFIX}?{urlencode({'cursor': following})}"
+    return page(request, "inbox.html", who=who, notice=notice, more=more, paged=cursor is not None, **split)
+
+
+@router.post("/sessions")
+async def start_form(request: Request) -> Response:
+    """Ask the agent something: a new session started by this person."""
+    gateway = gateway_of(request)
+    try:
+        who, form = await form_changing(request)
+        body = StartBody(text=form.get("text", ""))
+        started = await sessions.start_session(body=body, gateway=gateway, who=who)
+    except ValidationError:
+        return problem_page(request, Problem(422, "invalid", "Say what the agent should do"))
+    except Problem as problem:
+        return problem_page(request, problem)
+    await until_on_record(gateway, started.session_id)
+    return RedirectResponse(f"{PREFIX}/sessions/{started.session_id}", status_code=303)
+
+
+# --- a card --------------------------------------------------------------------------
+
+
+@router.get("/requests/{request_id}")
+async def card_page(request: Request, request_id: str) -> Response:
+    seen = await seen_by_person(request, lambda ledger, who: cards.card_for(ledger, who, _identifier(request_id)))
+    if isinstance(seen, Response):
+        return seen
+    who, card = seen
+    ledger = gateway_of(request).ledger
+    shown = shown_card(card, datetime.now(UTC))
+    starters = await ledger.starters(card["session_id"])
+    approved = await ledger.record.approved_by(who.user.name, [card["id"]])
+    split = sorted_for(who.user, [shown], {card["session_id"]: starters}, approved)
+    return page(
+        request,
+        "card.html",
+        who=who,
+        card=shown,
+        key=new_key(),
+        hint=None if split["mine"] else shown.get("why_not_yours"),
+        may_see_session=await ledger.may_see_session(who.user, card["session_id"]),
+        edit_fields=edit_fields(ledger.catalogue.get(card["tool"]), card),
+    )
+
+
+async def decision_asked(gateway: Gateway, who: Caller, request_id: str, form: Mapping[str, str]) -> DecisionBody:
+    """The decision a card's form asks for, as the API takes it. The form must carry its
+    Idempotency-Key, an approval the digest the page showed, a denial a reason, an answer
+    in the tool's place its message; an edit or a remember is read against the card."""
+    decision = form.get("decision", "")
+    key = form.get("idempotency_key", "")
+    if decision not in ("approve", "deny", "respond"):
+        raise Problem(422, "invalid", "Choose approve, deny or answer")
+    if not key or len(key) > IDEMPOTENCY_KEY_CHARS or not all("\x21" <= c <= "\x7e" for c in key):
+        raise Problem(422, "invalid", "The form is not one of this inbox's", "Reload the card and try again.")
+    if decision == "approve" and not form.get("args_digest"):
+        # The API would take the ledger's digest; a page must name the one it showed.
+        raise Problem(422, "invalid", "The approval names no arguments", "Reload the card and try again.")
+    if decision == "deny" and not form.get("reason", "").strip():
+        raise Problem(422, "reason-required", "Say why you deny it", "A denial needs a reason.")
+    if decision == "respond" and not form.get("message", "").strip():
+        raise Problem(422, "answer-required", "Write your answer", "An answer in the tool's place needs its text.")
+    edited = remember = None
+    if decision == "approve" and (form.get("edit") == "1" or form.get("remember") == "1"):
+        card = await cards.card_for(gateway.ledger, who, _identifier(request_id))
+        if form.get("edit") == "1":
+            # The card's arguments as shown, the edited fields replaced; the ledger judges the edit.
+            edited = edited_arguments(gateway.ledger.catalogue.get(card["tool"]), card, form)
         try:
-            who = await person(request)
-            if who is None:
-                return to_login(request)
-            card = await endpoint("GET", "/v1/requests/{request_id}")(
-                request_id=_identifier(request_id), request=request, who=who
-            )
-        except Problem as problem:
-            return problem_page(request, problem, who)
-        ledger = api.gateway_of(request).ledger
-        shown = shown_card(card, datetime.now(UTC))
-        starters = await ledger.starters(card["session_id"])
-        approved = await ledger.record.approved_by(who.user.name, [card["id"]])
-        split = sorted_for(who.user, [shown], {card["session_id"]: starters}, approved)
-        return page(
-            request,
-            "card.html",
-            who=who,
-            card=shown,
-            key=new_key(),
-            hint=None if split["mine"] else shown.get("why_not_yours"),
-            may_see_session=await ledger.may_see_session(who.user, card["session_id"]),
-            edit_fields=edit_fields(ledger.catalogue.get(card["tool"]), card),
+            asked = remember_asked(card, form)
+        except ValueError as error:
+            raise Problem(422, "invalid", "The form does not fit", str(error)) from None
+        remember = None if asked is None else RememberBody(**asked)
+    return DecisionBody(
+        decision="approve" if decision == "approve" else "respond" if decision == "respond" else "deny",
+        reason=form.get("reason", "").strip() if decision == "deny" else "",
+        message=form.get("message", "").strip() if decision in ("approve", "respond") else "",
+        args_digest=form.get("args_digest") if decision == "approve" else None,
+        arguments=edited,
+        remember=remember,
+    )
+
+
+@router.post("/requests/{request_id}/decision")
+async def decision_form(request: Request, request_id: str) -> Response:
+    """Approve or deny as the person logged in, through the one decision path the API's
+    route takes (decisions.decide); the form carries its own Idempotency-Key."""
+    who = None
+    gateway = gateway_of(request)
+    try:
+        who, form = await form_changing(request)
+        body = await decision_asked(gateway, who, request_id, form)
+        verdict = await decisions.decide(gateway, who, _identifier(request_id), body, form["idempotency_key"])
+    except ValidationError as error:
+        return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+    except Problem as problem:
+        return problem_page(request, problem, who)
+    return verdict_page(request, who, request_id, body.decision, _answer(verdict))
+
+
+def verdict_page(request: Request, who: Caller, request_id: str, decision: str, answered: dict[str, Any]) -> Response:
+    """Back to the inbox, saying what happened; a refusal is a page of its own."""
+    if answered.get("outcome") == "accepted":
+        outcome = decision if answered.get("decided", True) else "counted"
+        return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome={outcome}", status_code=303)
+    if answered.get("status") == "pending":
+        return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome=sent", status_code=303)
+    code = str(answered.get("reason_code") or "")
+    title, meaning = REFUSALS.get(code, (NOT_YOU if answered.get("status") == 403 else "Refused", ""))
+    return page(
+        request,
+        "refused.html",
+        status=int(answered.get("status", 409)),
+        who=who,
+        title=title,
+        meaning=meaning,
+        reason_code=code,
+        reason_text=visible(answered.get("detail", ""), TEXT_CHARS),
+        request_id=request_id,
+    )
+
+
+# --- a session -----------------------------------------------------------------------
+
+
+@router.get("/sessions/{session_id}")
+async def session_page(request: Request, session_id: str) -> Response:
+    seen = await seen_by_person(
+        request, lambda ledger, who: sessions.seen_session(ledger, who, _identifier(session_id))
+    )
+    if isinstance(seen, Response):
+        return seen
+    who, shown = seen
+    ledger = gateway_of(request).ledger
+    turn = await ledger.record.latest_turn(session_id)
+    now = datetime.now(UTC)
+    return page(
+        request,
+        "session.html",
+        who=who,
+        session=shown,
+        turn_said=turn_said(turn, len(shown["pending_requests"])),
+        turn_open=turn is not None and turn.status == "running",
+        pending=[shown_card(c, now) for c in shown["pending_requests"]],
+        story=await story(ledger, session_id),
+        transcript=[_shown_entry(e) for e in shown["transcript"]],
+        grants=shown_grants(shown.get("grants", [])),
+    )
+
+
+@router.post("/grants/{grant_id}/revoke")
+async def revoke_form(request: Request, grant_id: str) -> Response:
+    """Revoke a grant through the API's route; the page returns to the session once
+    the ledger has recorded it (or after the decision wait: the page then says so)."""
+    who = None
+    gateway = gateway_of(request)
+    try:
+        who, form = await form_changing(request)
+        body = RevokeBody(reason=form.get("reason", "").strip())
+        await sessions.revoke_grant(grant_id=_identifier(grant_id), body=body, gateway=gateway, who=who)
+    except ValidationError as error:
+        return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+    except Problem as problem:
+        return problem_page(request, problem, who)
+    grant = await until_revoked(gateway, grant_id)
+    session_id = grant.session_id if grant is not None else ""
+    return RedirectResponse(f"{PREFIX}/sessions/{session_id}?revoked={grant_id}", status_code=303)
+
+
+@router.post("/sessions/{session_id}/cancel")
+async def cancel_form(request: Request, session_id: str) -> Response:
+    who = None
+    try:
+        who, form = await form_changing(request)
+        body = CancelBody(reason=form.get("reason", "").strip())
+        await sessions.cancel_session(
+            session_id=_identifier(session_id), body=body, gateway=gateway_of(request), who=who
         )
+    except ValidationError as error:
+        return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
+    except Problem as problem:
+        return problem_page(request, problem, who)
+    return RedirectResponse(f"{PREFIX}/sessions/{session_id}?cancelling=1", status_code=303)
 
-    @router.post("/requests/{request_id}/decision")
-    async def decision_form(request: Request, request_id: str) -> Response:
-        """Approve or deny as the person logged in, through the API's own decision route.
-        An approval must carry the digest the page showed; a denial a reason."""
-        who = None
-        try:
-            who, form = await changing(request)
-            decision = form.get("decision", "")
-            key = form.get("idempotency_key", "")
-            if decision not in ("approve", "deny"):
-                raise Problem(422, "invalid", "Choose approve or deny")
-            if not key or len(key) > IDEMPOTENCY_KEY_CHARS or not all("\x21" <= c <= "\x7e" for c in key):
-                raise Problem(422, "invalid", "The form is not one of this inbox's", "Reload the card and try again.")
-            if decision == "approve" and not form.get("args_digest"):
-                # The API would take the ledger's digest; a page must name the one it showed.
-                raise Problem(422, "invalid", "The approval names no arguments", "Reload the card and try again.")
-            if decision == "deny" and not form.get("reason", "").strip():
-                raise Problem(422, "reason-required", "Say why you deny it", "A denial needs a reason.")
-            edited = remember = None
-            if decision == "approve" and (form.get("edit") == "1" or form.get("remember") == "1"):
-                card = await endpoint("GET", "/v1/requests/{request_id}")(
-                    request_id=_identifier(request_id), request=request, who=who
-                )
-                if form.get("edit") == "1":
-                    # The card's arguments as shown, the edited fields replaced; the ledger judges the edit.
-                    edited = edited_arguments(api.gateway_of(request).ledger.catalogue.get(card["tool"]), card, form)
-                try:
-                    asked = remember_asked(card, form)
-                except ValueError as error:
-                    raise Problem(422, "invalid", "The form does not fit", str(error)) from None
-                remember = None if asked is None else api.RememberBody(**asked)
-            body = api.DecisionBody(
-                decision=decision,
-                reason=form.get("reason", "").strip() if decision == "deny" else "",
-                message=form.get("message", "").strip() if decision == "approve" else "",
-                args_digest=form.get("args_digest") if decision == "approve" else None,
-                arguments=edited,
-                remember=remember,
-            )
-            verdict = await endpoint("POST", "/v1/requests/{request_id}/decision")(
-                request_id=_identifier(request_id), body=body, request=request, who=who, idempotency_key=key
-            )
-        except ValidationError as error:
-            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
-        except Problem as problem:
-            return problem_page(request, problem, who)
-        answered = _answer(verdict)
-        if answered.get("outcome") == "accepted":
-            outcome = decision if answered.get("decided", True) else "counted"
-            return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome={outcome}", status_code=303)
-        if answered.get("status") == "pending":
-            return RedirectResponse(f"{PREFIX}?decided={request_id}&outcome=sent", status_code=303)
-        code = str(answered.get("reason_code") or "")
-        title, meaning = REFUSALS.get(code, (NOT_YOU if answered.get("status") == 403 else "Refused", ""))
-        return page(
-            request,
-            "refused.html",
-            status=int(answered.get("status", 409)),
-            who=who,
-            title=title,
-            meaning=meaning,
-            reason_code=code,
-            reason_text=visible(answered.get("detail", ""), TEXT_CHARS),
-            request_id=request_id,
-        )
 
-    # --- a session -----------------------------------------------------------------------
-
-    @router.get("/sessions/{session_id}")
-    async def session_page(request: Request, session_id: str) -> Response:
-        who = None
-        try:
-            who = await person(request)
-            if who is None:
-                return to_login(request)
-            shown = await endpoint("GET", "/v1/sessions/{session_id}")(
-                session_id=_identifier(session_id), request=request, who=who
-            )
-        except Problem as problem:
-            return problem_page(request, problem, who)
-        ledger = api.gateway_of(request).ledger
-        turn = await ledger.record.latest_turn(session_id)
-        now = datetime.now(UTC)
-        return page(
-            request,
-            "session.html",
-            who=who,
-            session=shown,
-            turn_said=turn_said(turn, len(shown["pending_requests"])),
-            turn_open=turn is not None and turn.status == "running",
-            pending=[shown_card(c, now) for c in shown["pending_requests"]],
-            story=await story(ledger, session_id),
-            transcript=[_shown_entry(e) for e in shown["transcript"]],
-            grants=shown_grants(shown.get("grants", [])),
-        )
-
-    @router.post("/grants/{grant_id}/revoke")
-    async def revoke_form(request: Request, grant_id: str) -> Response:
-        """Revoke a grant through the API's route; the page returns to the session once
-        the ledger has recorded it (or after the decision wait: the page then says so)."""
-        who = None
-        try:
-            who, form = await changing(request)
-            body = api.RevokeBody(reason=form.get("reason", "").strip())
-            gateway = api.gateway_of(request)
-            await endpoint("POST", "/v1/grants/{grant_id}/revoke")(
-                grant_id=_identifier(grant_id), body=body, request=request, who=who
-            )
-        except ValidationError as error:
-            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
-        except Problem as problem:
-            return problem_page(request, problem, who)
-        grant = await until_revoked(gateway, grant_id)
-        session_id = grant.session_id if grant is not None else ""
-        return RedirectResponse(f"{PREFIX}/sessions/{session_id}?revoked={grant_id}", status_code=303)
-
-    @router.post("/sessions/{session_id}/cancel")
-    async def cancel_form(request: Request, session_id: str) -> Response:
-        who = None
-        try:
-            who, form = await changing(request)
-            body = api.CancelBody(reason=form.get("reason", "").strip())
-            await endpoint("POST", "/v1/sessions/{session_id}/cancel")(
-                session_id=_identifier(session_id), body=body, request=request, who=who
-            )
-        except ValidationError as error:
-            return problem_page(request, Problem(422, "invalid", "The form does not fit", _fields(error)), who)
-        except Problem as problem:
-            return problem_page(request, problem, who)
-        return RedirectResponse(f"{PREFIX}/sessions/{session_id}?cancelling=1", status_code=303)
-
-    app.include_router(router)
-    app.mount(f"{PREFIX}/static", StaticFiles(directory=str(HERE / "static")), name="inbox-static")
-
-    @app.get("/", include_in_schema=False)
-    async def root() -> RedirectResponse:
-        return RedirectResponse(PREFIX, status_code=303)
+STATIC = StaticFiles(directory=str(HERE / "static"))
 
 
 OUTCOMES = {
     "approve": "You approved {request}. It runs once, now.",
     "deny": "You denied {request}. The model is told your reason.",
+    "respond": "You answered {request} in the tool's place. It does not run; the model reads your answer.",
     "counted": "Your approval of {request} is counted; it waits for more approvers.",
     "sent": "Your decision on {request} was sent; the ledger has not judged it yet.",
 }

@@ -32,18 +32,24 @@ from typing import Annotated, Any
 import httpx
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
-from fastapi import Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
+from .auth import COOKIE
+from .bodies import PROBLEMS
+from .callers import gateway_of
+from .problems import Problem
 from .settings import GatewaySettings
 
 log = logging.getLogger("signoff.gateway")
 FLOW_COOKIE = "signoff_oidc"
 FLOW_SECONDS = 600
 ALGORITHMS = ["RS256", "ES256"]
+# `GET /v1/login/oidc` and its callback (404 when OpenID Connect is not configured).
+router = APIRouter()
 
 
 class Refused(Exception):
@@ -227,77 +233,72 @@ def read_flow(signing_key: bytes, cookie: str | None) -> dict[str, Any]:
     return data
 
 
-def install_routes(app: Any, api: Any) -> None:
-    """`GET /v1/login/oidc` and its callback (404 when OpenID Connect is not configured).
-    `api`: the app module (passed, not imported: it may run as __main__ for the OpenAPI document)."""
-    from .auth import COOKIE
-
-    PROBLEMS, gateway_of = api.PROBLEMS, api.gateway_of
-    from .problems import Problem
-
-    def login_answer(gateway, user, groups: tuple[str, ...], next_path: str) -> RedirectResponse:
-        cookie, _session = gateway.sessions.issue(user.name, groups=groups)
-        # 303: the browser GETs the page; the cookie is set on the way.
-        answer = RedirectResponse(page_after_login(next_path), status_code=303)
-        answer.set_cookie(
-            COOKIE,
-            cookie,
-            max_age=int(gateway.settings.gateway_session_seconds),
-            httponly=True,
-            secure=True,
-            samesite="strict",
-            path="/",
-        )
-        return answer
-
-    def configured(request: Request) -> OpenIDConnect:
-        oidc = gateway_of(request).oidc
-        if oidc is None:
-            raise Problem(404, "not-found", "OpenID Connect is not configured")
-        return oidc
-
-    @app.get("/v1/login/oidc", status_code=302, responses=PROBLEMS, tags=["login"])
-    async def oidc_login(request: Request, next: Annotated[str, Query(alias="next", max_length=512)] = "/") -> Any:
-        """Log in with the configured OpenID Connect issuer (authorization code + PKCE):
-        redirects to the issuer, which comes back to the callback, which sends the browser
-        on to `next` (a path on this gateway; default `/`, a page naming who is logged in)."""
-        gateway = gateway_of(request)
-        url, flow = await configured(request).begin(gateway.sessions.key, page_after_login(next))
-        answer = RedirectResponse(url, status_code=302)
-        # Lax, not Strict: the issuer's redirect back to the callback is a cross-site navigation.
-        answer.set_cookie(
-            FLOW_COOKIE, flow, max_age=FLOW_SECONDS, httponly=True, secure=True, samesite="lax", path="/v1/login/oidc"
-        )
-        return answer
-
-    @app.get(
-        "/v1/login/oidc/callback",
-        status_code=303,
-        response_class=RedirectResponse,
-        responses={**PROBLEMS, 303: {"description": "Logged in: the session cookie, and on to the page"}},
-        tags=["login"],
+def login_answer(gateway, user, groups: tuple[str, ...], next_path: str) -> RedirectResponse:
+    cookie, _session = gateway.sessions.issue(user.name, user.credential, groups=groups)
+    # 303: the browser GETs the page; the cookie is set on the way.
+    answer = RedirectResponse(page_after_login(next_path), status_code=303)
+    answer.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=int(gateway.settings.gateway_session_seconds),
+        httponly=True,
+        secure=True,
+        samesite="strict",
+        path="/",
     )
-    async def oidc_callback(
-        request: Request,
-        code: Annotated[str, Query(min_length=1, max_length=4096)],
-        state: Annotated[str, Query(min_length=1, max_length=512)],
-    ) -> Any:
-        """Where the issuer sends the browser back: the code exchanged, the ID token
-        verified, the person in the principal claim logged in (a session cookie), and the
-        browser sent on (303) to the page it started from (`next`), not shown JSON."""
-        gateway = gateway_of(request)
-        oidc = configured(request)
-        try:
-            claims = await oidc.finish(gateway.sessions.key, request.cookies.get(FLOW_COOKIE), code, state)
-            name = oidc.principal(claims)
-            user = gateway.users.current().users.get(name)
-            if user is None or user.password_hash:
-                raise Refused(f"the {oidc.principal_claim!r} claim names no user added with --oidc")
-        except Refused as refused:
-            log.info("OpenID Connect login refused: %s", refused)
-            raise Problem(401, "oidc-refused", "OpenID Connect login refused", str(refused)) from None
-        next_path = read_flow(gateway.sessions.key, request.cookies.get(FLOW_COOKIE)).get("r", "/")
-        answer = login_answer(gateway, user, oidc.groups(claims), next_path)
-        answer.delete_cookie(FLOW_COOKIE, path="/v1/login/oidc", secure=True, httponly=True, samesite="lax")
-        log.info("%s logged in through OpenID Connect", user.name)
-        return answer
+    return answer
+
+
+def configured(request: Request) -> OpenIDConnect:
+    oidc = gateway_of(request).oidc
+    if oidc is None:
+        raise Problem(404, "not-found", "OpenID Connect is not configured")
+    return oidc
+
+
+@router.get("/v1/login/oidc", status_code=302, responses=PROBLEMS, tags=["login"])
+async def oidc_login(request: Request, next: Annotated[str, Query(alias="next", max_length=512)] = "/") -> Any:
+    """Log in with the configured OpenID Connect issuer (authorization code + PKCE):
+    redirects to the issuer, which comes back to the callback, which sends the browser
+    on to `next` (a path on this gateway; default `/`, a page naming who is logged in)."""
+    gateway = gateway_of(request)
+    url, flow = await configured(request).begin(gateway.sessions.key, page_after_login(next))
+    answer = RedirectResponse(url, status_code=302)
+    # Lax, not Strict: the issuer's redirect back to the callback is a cross-site navigation.
+    answer.set_cookie(
+        FLOW_COOKIE, flow, max_age=FLOW_SECONDS, httponly=True, secure=True, samesite="lax", path="/v1/login/oidc"
+    )
+    return answer
+
+
+@router.get(
+    "/v1/login/oidc/callback",
+    status_code=303,
+    response_class=RedirectResponse,
+    responses={**PROBLEMS, 303: {"description": "Logged in: the session cookie, and on to the page"}},
+    tags=["login"],
+)
+async def oidc_callback(
+    request: Request,
+    code: Annotated[str, Query(min_length=1, max_length=4096)],
+    state: Annotated[str, Query(min_length=1, max_length=512)],
+) -> Any:
+    """Where the issuer sends the browser back: the code exchanged, the ID token
+    verified, the person in the principal claim logged in (a session cookie), and the
+    browser sent on (303) to the page it started from (`next`), not shown JSON."""
+    gateway = gateway_of(request)
+    oidc = configured(request)
+    try:
+        claims = await oidc.finish(gateway.sessions.key, request.cookies.get(FLOW_COOKIE), code, state)
+        name = oidc.principal(claims)
+        user = gateway.users.current().users.get(name)
+        if user is None or user.password_hash:
+            raise Refused(f"the {oidc.principal_claim!r} claim names no user added with --oidc")
+    except Refused as refused:
+        log.info("OpenID Connect login refused: %s", refused)
+        raise Problem(401, "oidc-refused", "OpenID Connect login refused", str(refused)) from None
+    next_path = read_flow(gateway.sessions.key, request.cookies.get(FLOW_COOKIE)).get("r", "/")
+    answer = login_answer(gateway, user, oidc.groups(claims), next_path)
+    answer.delete_cookie(FLOW_COOKIE, path="/v1/login/oidc", secure=True, httponly=True, samesite="lax")
+    log.info("%s logged in through OpenID Connect", user.name)
+    return answer

@@ -21,4 +21,6 @@ def problem_response(problem: Problem, headers: dict[str, str] | None = None) ->
     if problem.detail:
         body["detail"] = problem.detail
     body.update(problem.extra)
+    # Also here, not only in `answers.EveryAnswer`: a 500 is answered outside every middleware.
+    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **(headers or {})}
     return JSONResponse(body, status_code=problem.status, media_type=PROBLEM, headers=headers)

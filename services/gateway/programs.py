@@ -38,6 +38,8 @@ SCOPES = {
     "sessions:start": "start sessions and turns; read and cancel the sessions it started",
     "requests:read": "list and read the cards it may see, poll its decisions, follow the event stream",
     "requests:decide": "approve or deny (an approval still needs the tool's approvers to name it)",
+    "calls:file": "file tool calls for sign-off (the origins the catalogue admits it for), follow, claim and "
+    "report them",
 }
 # What each route needs of a token (method, route path). A route not listed (login, logout)
 # is closed to tokens: deny by default.
@@ -48,12 +50,18 @@ SCOPE_OF: dict[tuple[str, str], str | None] = {
     ("POST", "/v1/sessions/{session_id}/cancel"): "sessions:start",
     ("GET", "/v1/requests"): "requests:read",
     ("GET", "/v1/requests/{request_id}"): "requests:read",
-    ("GET", "/v1/requests/{request_id}/decision/{response_id}"): "requests:read",
+    ("GET", "/v1/requests/{request_id}/decision/{message_id}"): "requests:read",
     ("GET", "/v1/events"): "requests:read",
     ("POST", "/v1/requests/{request_id}/decision"): "requests:decide",
     # A session's remembered approvals, read like the session; revoking one is a decision.
     ("GET", "/v1/sessions/{session_id}/grants"): "sessions:start",
     ("POST", "/v1/grants/{grant_id}/revoke"): "requests:decide",
+    # The intake: a program files calls, follows them, claims and reports those it runs.
+    ("POST", "/v1/calls"): "calls:file",
+    ("GET", "/v1/calls/{call_id}"): "calls:file",
+    ("POST", "/v1/calls/{call_id}/claim"): "calls:file",
+    ("POST", "/v1/calls/{call_id}/result"): "calls:file",
+    ("GET", "/v1/keys"): None,
 }
 
 
@@ -144,6 +152,22 @@ class LiveTokens:
 
     def find(self, token: str, now: float | None = None) -> Program | None:
         """The program a token is, while it is known, not revoked and not expired."""
+        if not TOKEN.fullmatch(token):
+            self._current()
+            return None
+        # A dict lookup by the token's hash: what a timing difference could reveal is about
+        # the hash, which tells nothing of any token.
+        return self.holding(lookup_hash(token), now)
+
+    def holding(self, token_hash: str, now: float | None = None) -> Program | None:
+        """The program whose token has this hash, while it is not revoked and not expired
+        (an open event stream's login is checked again by it: auth.OpenStreams)."""
+        program = self._current().get(token_hash)
+        if program is not None and program.expires_at is not None and program.expires_at <= (now or time.time()):
+            return None
+        return program
+
+    def _current(self) -> dict[str, Program]:
         try:
             stat = self.path.stat()
             stamp: tuple[int, int, int] | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -152,14 +176,7 @@ class LiveTokens:
         if stamp != self._stamp:
             self._by_hash = Tokens.load(self.path).by_hash() if stamp else {}
             self._stamp = stamp
-        if not TOKEN.fullmatch(token):
-            return None
-        # A dict lookup by the token's hash: what a timing difference could reveal is about
-        # the hash, which tells nothing of any token.
-        program = self._by_hash.get(lookup_hash(token))
-        if program is not None and program.expires_at is not None and program.expires_at <= (now or time.time()):
-            return None
-        return program
+        return self._by_hash
 
 
 def bearer(header: str | None) -> str | None:

@@ -12,7 +12,7 @@ from shared.catalogue import ToolCatalogue
 from shared.ledger import pages
 from shared.ledger.event_stream import Cursor
 from shared.ledger.gateway_reads import GatewayReads
-from shared.ledger.tables import ApprovalRequest, AuditEntry, Grant
+from shared.ledger.tables import ApprovalRequest, AuditEntry, Grant, Turn
 from shared.messages import now
 from shared.redaction import redact_text, redact_value
 
@@ -86,8 +86,8 @@ class Ledger:
         """A page of the cards `user` may see, in (created_at, id) order, and the cursor of
         the next page (None: the last). Who may see what is a WHERE clause of the read
         (`GatewayReads.requests_page`: the same rule as `may_see_request`, which still
-        checks each card), so a page reads `limit` + 1 rows, never the whole backlog
-        (issue 25). `after`: a cursor given with an earlier page (`pages.BadCursor` if it
+        checks each card), so a page reads `limit` + 1 rows, never the whole backlog.
+        `after`: a cursor given with an earlier page (`pages.BadCursor` if it
         is not one)."""
         viewer = None if user.operator else user.name
         found = await self.record.requests_page(self.catalogue, viewer, status, tool, session_id, limit, after)
@@ -129,6 +129,8 @@ class Ledger:
             # Set once a person changed the arguments before approving: who, and how.
             "edited_by": card.get("edited_by"),
             "edit": card.get("edit"),
+            # A call a program filed (the intake): who filed it, for which origin, and what it said.
+            "filed": card.get("filed"),
             "starter_may_approve": rule.starter_may_approve,
             # Whether "approve and remember" may be offered (the ledger still judges it).
             "rememberable": self._rememberable(card.get("tool", "")),
@@ -154,10 +156,13 @@ class Ledger:
         if found is None:
             return None
         session = found.session
+        last = shown_turn(found.last_turn)
         return {
             "id": session.id,
             "status": session.status,
-            "status_reason": session.status_reason,
+            # An idle session whose last turn failed or was cancelled says so, and why.
+            "status_reason": session.status_reason or turn_reason(last),
+            "last_turn": last,
             "started_by": session.started_by,
             "created_at": session.created_at,
             "updated_at": session.updated_at,
@@ -194,6 +199,33 @@ class Ledger:
         """The next committed events after `cursor` = (txid, id), in that order
         (shared/ledger/event_stream.py: why this order, and the horizon)."""
         return await self.record.events_after(cursor, limit)
+
+
+def shown_turn(turn: Turn | None) -> dict[str, Any] | None:
+    """A session's last turn as read: how it ended, when, by whom and why (the reason's
+    text as its `turn.failed` or `turn.cancelled` said it, redacted)."""
+    if turn is None:
+        return None
+    return {
+        "id": turn.id,
+        "status": turn.status,
+        "started_by": turn.started_by,
+        "started_at": turn.created_at,
+        "ended_at": turn.completed_at,
+        "reason_code": turn.reason_code,
+        "reason": None if turn.reason_text is None else redact_text(turn.reason_text),
+        "ended_by": turn.ended_by,
+    }
+
+
+def turn_reason(turn: dict[str, Any] | None) -> str | None:
+    """One line of why the last turn did not complete (None: it runs, or it completed)."""
+    if turn is None or turn["status"] not in ("failed", "cancelled"):
+        return None
+    by = f" by {turn['ended_by']}" if turn["ended_by"] else ""
+    code = f" ({turn['reason_code']})" if turn["reason_code"] else ""
+    why = f": {turn['reason']}" if turn["reason"] else ""
+    return f"last turn {turn['status']}{by}{code}{why}"
 
 
 def shown_grant(grant: Grant) -> dict[str, Any]:

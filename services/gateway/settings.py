@@ -9,9 +9,11 @@ from shared.settings import Settings
 
 
 class GatewaySettings(Settings):
+    # The address the gateway listens on (loopback by default: put TLS in front of any other).
     gateway_host: str = "127.0.0.1"
     # uvicorn's HTTP parser: httptools (C, a dependency) or h11 (pure Python); auto: httptools where installed.
     gateway_http: Literal["auto", "httptools", "h11"] = "auto"
+    # The port it listens on.
     gateway_port: int = 8080
     # The users file (`signoff user add`); empty: <keys dir>/gateway/users.yaml.
     gateway_users_file: Path | None = None
@@ -33,7 +35,8 @@ class GatewaySettings(Settings):
     gateway_max_body_bytes: int = 64 * 1024
     # The event stream and decisions waiting for their verdicts: on PostgreSQL the gateway
     # wakes on the ledger's NOTIFY of each commit, and besides looks every
-    # `gateway_poll_seconds` for a while after anything happened, then every
+    # `gateway_poll_seconds` while a row may be held back unannounced (its last read found
+    # a writer open below the horizon) or a decision waits, otherwise every
     # `gateway_idle_poll_seconds` (SQLite has no NOTIFY: every `gateway_poll_seconds`).
     # And how often a stream sends a comment line when there is nothing (so proxies keep it open).
     gateway_poll_seconds: float = 0.2

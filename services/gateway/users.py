@@ -10,6 +10,7 @@ refuses it as `wrong_principal`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -39,6 +40,9 @@ class User:
     password_hash: str
     groups: tuple[str, ...] = ()
     operator: bool = False
+    # Which credential this is: new at every `signoff user add` (a reset, a re-add), and
+    # bound into each session cookie, so a session outlives neither (auth.Logins.holds).
+    credential: str = ""
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Users:
                 entry["password"],
                 tuple(entry.get("groups") or ()),
                 bool(entry.get("operator", False)),
+                str(entry.get("credential") or legacy_credential(name, entry["password"])),
             )
             for name, entry in (data.get("users") or {}).items()
         }
@@ -63,7 +68,12 @@ class Users:
     def save(self) -> None:
         data = {
             "users": {
-                u.name: {"password": u.password_hash, "groups": list(u.groups), "operator": u.operator}
+                u.name: {
+                    "password": u.password_hash,
+                    "groups": list(u.groups),
+                    "operator": u.operator,
+                    "credential": u.credential,
+                }
                 for u in self.users.values()
             }
         }
@@ -79,6 +89,12 @@ class Users:
         except (VerificationError, InvalidHashError):
             return None
         return user
+
+
+def legacy_credential(name: str, password_hash: str) -> str:
+    """The credential of an entry written before credentials were: its password hash's
+    digest (a reset salts a new hash, so it changes too)."""
+    return "h" + hashlib.sha256(f"{name}\0{password_hash}".encode()).hexdigest()[:24]
 
 
 def check_name(name: str) -> str:
@@ -118,7 +134,10 @@ def add(
     users = Users.load(users_path)
     made = name not in users.users
     hashed = HASHER.hash(password) if password is not None else ""
-    users.users[name] = User(name, hashed, tuple(dict.fromkeys(groups)), operator)
+    # A new credential every time: the sessions of the old one (a reset) or of a removed
+    # user of the same name (a re-add) end on every replica.
+    credential = secrets.token_urlsafe(12)
+    users.users[name] = User(name, hashed, tuple(dict.fromkeys(groups)), operator, credential)
     users.save()
     done = [f"user {name} " + ("added" if made else "updated") + (" (operator)" if operator else "")]
     return done + make_session_key(keys_dir) + register_channel(keys_dir, users_path)
@@ -129,7 +148,7 @@ def remove(keys_dir: Path, users_path: Path, name: str) -> list[str]:
     if users.users.pop(name, None) is None:
         raise SystemExit(f"signoff user remove: no user {name!r}")
     users.save()
-    return [f"user {name} removed (their sessions end)", *register_channel(keys_dir, users_path)]
+    return [f"user {name} removed (their sessions and event streams end)", *register_channel(keys_dir, users_path)]
 
 
 def listing(users_path: Path) -> list[str]:
@@ -143,8 +162,9 @@ def listing(users_path: Path) -> list[str]:
 
 
 class LiveUsers:
-    """The users file as it is now (read again when it changes): a removed user's
-    session ends at their next request, on every replica."""
+    """The users file as it is now (read again when it changes): a removed user's, or
+    a reset credential's, session ends at its next request and its event streams within
+    a second (auth.OpenStreams), on every replica."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

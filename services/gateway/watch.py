@@ -16,10 +16,12 @@ those polls were most of the gateway's CPU). Now one task per process does both:
 It wakes on the ledger's own NOTIFY (PostgreSQL: every ledger transaction notifies the
 outbox channel on commit, `shared/ledger/database.notify_channel`; the publisher wakes
 on it too), at most every `GAP` seconds, and otherwise polls: every
-`gateway_poll_seconds` for a while after anything happened (a row may be held back
-behind the horizon, `events_after`, without a later notify), then every
-`gateway_idle_poll_seconds`. On SQLite, or while its LISTEN connection is away, it
-polls every `gateway_poll_seconds` as before. With nobody waiting it does nothing.
+`gateway_poll_seconds` while its last read found a writer open below the horizon (a
+row may then be held back, `events_after`, and a writer that rolls back notifies
+nobody) or a decision waits, otherwise every `gateway_idle_poll_seconds`. On SQLite,
+or while its LISTEN connection is away, it polls every `gateway_poll_seconds` as
+before. With nobody waiting it does nothing. A logout's NOTIFY (payload `logins`)
+goes to the open streams' login check instead (`on_logins`, auth.py `OpenStreams`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.ledger.event_stream import CommitFeed, Cursor
+from shared.ledger.gateway_logins import LOGINS_ENDED
 
 from .reads import Ledger
 
@@ -98,6 +102,8 @@ class LedgerWatch:
         self._tasks: list[asyncio.Task] = []
         # The LISTEN connection, which also runs the reads while it is there.
         self._feed: CommitFeed | None = None
+        # Called on a logout's NOTIFY (services/gateway/auth.py `OpenStreams.wake`).
+        self.on_logins: Callable[[], None] | None = None
 
     # --- life ---------------------------------------------------------------------
 
@@ -190,11 +196,23 @@ class LedgerWatch:
         if not self.streams and not self.waiting:
             self._interest.clear()
             await self._interest.wait()  # nobody waits: no reads at all
-        warm = time.monotonic() - self._last_activity < WARM_SECONDS
-        timeout = self.poll_seconds if (warm or not self.listening) else self.idle_poll_seconds
+        timeout = self.poll_seconds if self._may_be_held() else self.idle_poll_seconds
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
+
+    def _may_be_held(self) -> bool:
+        """Whether a committed row may wait unannounced: without NOTIFY (SQLite, or the
+        LISTEN connection away), or while the last read found a writer open below the
+        horizon (rows behind it show once it ends, and one that rolls back notifies
+        nobody). Otherwise every new row comes with its transaction's NOTIFY, and the
+        watcher sleeps until then (the idle poll only as a backstop)."""
+        feed = self._feed
+        if not self.listening or feed is None:
+            return True
+        if self.streams and feed.held[0]:
+            return True
+        return bool(self.waiting) and time.monotonic() - self._last_activity < WARM_SECONDS
 
     def _forget(self) -> None:
         self.base = self.cursor = None
@@ -255,6 +273,8 @@ class LedgerWatch:
                 async with self.ledger.record.commit_feed(channel, self._notified) as feed:
                     self.listening, delay = True, 0.5
                     self._feed = feed
+                    if self.on_logins is not None:
+                        self.on_logins()  # what ended while nobody listened is read now
                     try:
                         await feed.ended()
                     finally:
@@ -266,6 +286,11 @@ class LedgerWatch:
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
 
-    def _notified(self, *_args: Any) -> None:
+    def _notified(self, _connection: Any = None, _pid: Any = None, _channel: Any = None, payload: Any = None) -> None:
+        if payload == LOGINS_ENDED:
+            # A logout, not a commit of the ledger's: the open streams' logins are read again.
+            if self.on_logins is not None:
+                self.on_logins()
+            return
         self._last_activity = time.monotonic()
         self._wake.set()

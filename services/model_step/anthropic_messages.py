@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
 from .replies import MAX_TOKENS, ProviderReply, tokens, unusable
+from .settings import ModelStepSettings
 from .tool_call_ids import fit
 from .transport import HttpProvider
 
@@ -138,3 +139,21 @@ class AnthropicProvider(HttpProvider):
 
     def parse(self, answer: dict[str, Any]) -> ProviderReply:
         return parse_reply(answer, self.name)
+
+
+def configured(settings: ModelStepSettings) -> bool:
+    return bool(settings.anthropic_model) and settings.anthropic_api_key is not None
+
+
+def build(settings: ModelStepSettings) -> AnthropicProvider:
+    key = settings.anthropic_api_key
+    if not settings.anthropic_model or key is None:
+        raise SystemExit("the anthropic provider needs SIGNOFF_ANTHROPIC_MODEL and SIGNOFF_ANTHROPIC_API_KEY")
+    return AnthropicProvider(
+        base_url=settings.anthropic_base_url,
+        model=settings.anthropic_model,
+        api_key=key,
+        version=settings.anthropic_version,
+        max_tokens=settings.anthropic_max_tokens,
+        timeout_seconds=settings.anthropic_timeout_seconds,
+    )

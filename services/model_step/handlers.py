@@ -17,9 +17,17 @@ from typing import Protocol
 from shared import faults
 from shared.consuming import previous_deliveries
 from shared.ledger.transcripts import TranscriptMismatch
-from shared.messages import ModelStepCompleted, ProviderAttempt, RequestModelStep, TranscriptEntry, encode
+from shared.messages import (
+    ModelStepCompleted,
+    ProviderAttempt,
+    RequestModelStep,
+    ToolDescription,
+    TranscriptEntry,
+    encode,
+)
 from shared.observability import PROVIDER_ATTEMPTS, PROVIDER_TOKENS, bounded
 from shared.redaction import redact_then_cut
+from shared.tool_menu import ToolMenuMismatch
 
 from .replies import Provider, ProviderError, ProviderReply, counted, unusable
 from .tool_call_ids import ToolCallIdNormalizer, unique_wire_ids
@@ -44,6 +52,12 @@ class Transcripts(Protocol):
     async def read(self, session_id: str, length: int, digest: str) -> list[TranscriptEntry]: ...
 
 
+class ToolMenus(Protocol):
+    """Where a step's tool menu is read from by its digest (the ledger: shared/ledger/tool_menus.py)."""
+
+    async def read(self, digest: str) -> list[ToolDescription]: ...
+
+
 def backoff(number: int, retry_after: float | None) -> float:
     """Exponential (0.2 s, 0.4 s, ...), or the provider's hint if that is longer."""
     return max(BACKOFF_SECONDS * 2 ** (number - 1), min(retry_after or 0.0, MAX_RETRY_AFTER_SECONDS))
@@ -56,10 +70,13 @@ async def request_model_step(
     request: RequestModelStep,
     *,
     max_bytes: int | None = None,
+    menus: ToolMenus | None = None,
 ) -> None:
     """`max_bytes`: the largest message a consumer accepts (SIGNOFF_MAX_MESSAGE_BYTES);
-    a reply whose report would be larger is a failed attempt, not a parked report."""
-    completed = await _step(providers, transcripts, request, max_bytes)
+    a reply whose report would be larger is a failed attempt, not a parked report.
+    `menus`: where the tool menu a step names by digest is read (None: nowhere, and a
+    step that names one fails, reported)."""
+    completed = await _step(providers, transcripts, request, max_bytes, menus)
     await _send(report, completed)
     last = completed.attempts[-1] if completed.attempts else None
     # One line per model step at INFO, so following a session by its id shows each step.
@@ -84,7 +101,11 @@ async def request_model_step(
 
 
 async def _step(
-    providers: dict[str, Provider], transcripts: Transcripts, request: RequestModelStep, max_bytes: int | None
+    providers: dict[str, Provider],
+    transcripts: Transcripts,
+    request: RequestModelStep,
+    max_bytes: int | None,
+    menus: ToolMenus | None = None,
 ) -> ModelStepCompleted:
     # A delivery that was never acked died with its provider call in flight (or
     # after reporting, which the ledger tells apart): counted, not forgotten (invariant 7).
@@ -107,9 +128,18 @@ async def _step(
         error = redact_then_cut(f"the model-step could not read the step's transcript: {mismatch}", ERROR_CHARS)
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
         return _failed(request, attempts, error)
+    try:
+        # Before any provider call too, and read the same way: an outage pauses the consumer.
+        tools = await _tools(menus, request)
+    except ToolMenuMismatch as mismatch:
+        # Not the menu the ledger stored for this digest (a rewritten row): every delivery would find the same.
+        error = redact_then_cut(f"the model-step could not read the step's tool menu: {mismatch}", ERROR_CHARS)
+        attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
+        return _failed(request, attempts, error)
     provider = providers.get(request.provider)
     if provider is None:
-        error = f"no provider named {request.provider!r} is configured"
+        held = ", ".join(providers) or "none"
+        error = f"no provider named {request.provider!r} is configured (this model-step holds: {held})"
         attempts.append(ProviderAttempt(number=lost + 1, status="failed", provider=request.provider, error=error))
         return _failed(request, attempts, error)
     try:
@@ -130,7 +160,7 @@ async def _step(
     for number in range(lost + 1, lost + MAX_ATTEMPTS + 1):
         await faults.reached("model_step.mid_call")
         try:
-            reply = await provider.complete(request.session_id, transcript, request.tools)
+            reply = await provider.complete(request.session_id, transcript, tools)
             completed = _completed(request, attempts, number, provider.name, reply, ids, max_bytes)
         except Exception as raised:
             # A ProviderError says whether a retry can help; anything else a provider
@@ -162,6 +192,16 @@ async def _step(
             ids.commit()
             return completed
     return _failed(request, attempts, error or "the provider gave no usable reply")
+
+
+async def _tools(menus: ToolMenus | None, request: RequestModelStep) -> list[ToolDescription]:
+    """The tools the step offers: the menu its digest names, checked; a step asked for
+    before menus were named carries the descriptions themselves."""
+    if request.tools_digest is None:
+        return request.tools
+    if menus is None:
+        raise ToolMenuMismatch(f"the step names the tool menu {request.tools_digest}, and this model-step reads none")
+    return await menus.read(request.tools_digest)
 
 
 def _completed(

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from shared.messages import ProposedToolCall, ToolDescription, TranscriptEntry, Usage
 
 from .replies import ProviderReply, tokens, unusable
+from .settings import ModelStepSettings
 from .tool_call_ids import fit
 from .transport import HttpProvider
 
@@ -152,3 +153,19 @@ class OpenAICompatibleProvider(HttpProvider):
 
     def parse(self, answer: dict[str, Any]) -> ProviderReply:
         return parse_reply(answer, self.name)
+
+
+def configured(settings: ModelStepSettings) -> bool:
+    return bool(settings.openai_model)
+
+
+def build(settings: ModelStepSettings) -> OpenAICompatibleProvider:
+    if not settings.openai_model:
+        raise SystemExit("the openai provider needs a model: set SIGNOFF_OPENAI_MODEL")
+    return OpenAICompatibleProvider(
+        base_url=settings.openai_base_url,
+        model=settings.openai_model,
+        api_key=settings.openai_api_key,
+        timeout_seconds=settings.openai_timeout_seconds,
+        max_tokens=settings.openai_max_tokens,
+    )

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 
 from shared import faults
+from shared.bus import persistent
 from shared.ledger import outbox_relay
 from shared.messages import now
 from shared.observability import MESSAGES_PUBLISHED, RELAY_BATCH
@@ -41,6 +43,8 @@ class OutboxRelay:
     # This publisher's term as the leader (PostgreSQL); None on SQLite, with its one publisher.
     leadership: Leadership | None = None
     exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict)
+    # A leader without hooks marks what it published sent at most this often (seconds).
+    MARK_EVERY: ClassVar[float] = 0.1
 
     async def relay_once(self) -> int:
         """Publish the oldest unsent rows; return how many went out."""
@@ -52,37 +56,13 @@ class OutboxRelay:
             return 0
         if leadership is not None:
             leadership.check(rows[0].epoch)
-        exchanges = self.exchanges
-        for name in {r.exchange for r in rows} - exchanges.keys():
-            exchanges[name] = await self.channel.get_exchange(name, ensure=False)
-        # One channel, publishes started in id order: the channel lock keeps
-        # that order on the wire, so per-session order holds while confirms overlap.
-        await asyncio.gather(
-            *(
-                exchanges[r.exchange].publish(
-                    aio_pika.Message(
-                        r.body.encode(),
-                        message_id=r.message_id,
-                        content_type="application/json",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        user_id=self.user_id,
-                    ),
-                    routing_key=r.routing_key,
-                )
-                for r in rows
-            )
-        )
-        RELAY_BATCH.observe(len(rows))
-        for row in rows:
-            MESSAGES_PUBLISHED.labels(row.message_type).inc()
+        await self._publish(rows)
         await faults.reached("publisher.after_send")
         try:
+            # A leader without hooks relays through `relay_marking_late` instead.
             ids = [r.id for r in rows]
-            if leadership is not None and not self.hooks:
-                leadership.check(await outbox_relay.mark_sent_fenced(self.engine, ids, now(), leadership.epoch))
-            else:
-                fence = leadership.fence if leadership is not None else None
-                await outbox_relay.mark_sent(self.engine, ids, now(), scheduled(self.hooks, rows), fence)
+            fence = leadership.fence if leadership is not None else None
+            await outbox_relay.mark_sent(self.engine, ids, now(), scheduled(self.hooks, rows), fence)
         except LeadershipLost:
             log.warning(
                 "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "
@@ -94,12 +74,102 @@ class OutboxRelay:
             raise
         return len(rows)
 
+    async def relay_marking_late(
+        self, wake: asyncio.Event, idle_wait: float, hook_deliveries: asyncio.Task | None = None
+    ) -> None:
+        """A PostgreSQL leader's relay with no hooks. Each wake (a NOTIFY: the ledger
+        committed more) runs one statement that reads the next unsent rows
+        (`outbox_relay.mark_and_read`), leaving out those published and not yet marked;
+        the same statement marks those sent once `MARK_EVERY` has passed since the last
+        mark, or when the outbox is drained and nothing woke it for `idle_wait`. So one
+        statement per wake instead of a read and a mark, and at most one write
+        transaction per `MARK_EVERY` however many batches went out. A crash before the
+        mark resends the rows with the same message ids, as a crash before the immediate
+        mark did (every consumer drops the duplicate); a deposed leader's mark is fenced
+        and the rows sent again by its successor. Raises LeadershipLost when this
+        publisher no longer leads."""
+        leadership = self.leadership
+        assert leadership is not None and not self.hooks
+        published: list[int] = []
+        marked_at = 0.0
+        loop = asyncio.get_running_loop()
+        idle = False
+        while True:
+            wake.clear()
+            mark = bool(published) and (idle or loop.time() - marked_at >= self.MARK_EVERY or len(published) >= 5000)
+            try:
+                seen, rows = await outbox_relay.mark_and_read(
+                    self.engine, published, mark, now(), leadership.epoch, self.batch_size
+                )
+            except Exception as error:
+                log.warning("relay failed (%r); retrying", error)
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                # With `mark`, the statement's fence decided whether `published` is marked: its epoch says.
+                leadership.check(seen)
+                if mark:
+                    published, marked_at = [], loop.time()
+                # Still leading (its lock connection alive) before it publishes what it read.
+                leadership.ensure()
+            except LeadershipLost:
+                if published:
+                    log.warning(
+                        "publisher deposed before marking outbox rows %d..%d sent: %d published, left unsent for the "
+                        "leader, which sends them again with the same message ids",
+                        published[0],
+                        published[-1],
+                        len(published),
+                    )
+                raise
+            if rows:
+                try:
+                    await self._publish(rows)
+                except Exception as error:
+                    log.warning("relay failed (%r); retrying", error)
+                    await asyncio.sleep(0.5)
+                    continue
+                await faults.reached("publisher.after_send")
+                published += [r.id for r in rows]
+            if hook_deliveries is not None and hook_deliveries.done():
+                hook_deliveries.result()  # a dead hook loop takes the publisher down, loudly
+            idle = False
+            if len(rows) < self.batch_size:
+                # Drained: until woken, or until the marks are due.
+                due = self.MARK_EVERY if published else idle_wait
+                try:
+                    await asyncio.wait_for(wake.wait(), due)
+                except TimeoutError:
+                    idle = True
+
+    async def _publish(self, rows: Sequence[Any]) -> None:
+        exchanges = self.exchanges
+        for name in {r.exchange for r in rows} - exchanges.keys():
+            exchanges[name] = await self.channel.get_exchange(name, ensure=False)
+        # One channel, publishes started in id order: the channel lock keeps
+        # that order on the wire, so per-session order holds while confirms overlap.
+        await asyncio.gather(
+            *(
+                exchanges[r.exchange].publish(
+                    persistent(r.body.encode(), user_id=self.user_id, message_id=r.message_id),
+                    routing_key=r.routing_key,
+                )
+                for r in rows
+            )
+        )
+        RELAY_BATCH.observe(len(rows))
+        for row in rows:
+            MESSAGES_PUBLISHED.labels(row.message_type).inc()
+
     async def relay_forever(
         self, wake: asyncio.Event, idle_wait: float, hook_deliveries: asyncio.Task | None = None
     ) -> None:
         """Relay batch after batch; when the outbox is drained, sleep until woken
         (a NOTIFY on PostgreSQL) or `idle_wait` passes (the poll on SQLite).
         Raises LeadershipLost when this publisher no longer leads."""
+        if self.leadership is not None and not self.hooks:
+            await self.relay_marking_late(wake, idle_wait, hook_deliveries)
+            return
         while True:
             wake.clear()
             if self.leadership is not None:

@@ -248,6 +248,21 @@ class Claims:
     ) -> ClaimOutcome:
         """Claim the call if the ledger's rows allow it; `target`: what the call touches
         by the executor's catalogue, which a grant's target must match."""
+        if self.rows.on_driver:
+            fresh_values = fresh_claim(
+                call_id, idempotency_key, self.holder, at=now(), lease=self.lease, authorization=authorization
+            )
+            claimed, refusal = await self.rows.take_fresh(
+                fresh_values,
+                lambda record: ledger_allows(
+                    record and call_on_record(record), granted, tool, fingerprint, self.ledger_key, target
+                ),
+            )
+            if claimed:
+                return ClaimOutcome("run", attempt=1)
+            if refusal is not None:
+                return ClaimOutcome("refused", refusal=refusal)
+            # The call had a claim: decided below, on the row locked.
         try:
             async with self.rows.claiming() as conn:
                 return await self._take(

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -19,11 +19,11 @@ from shared.catalogue import ToolCatalogue
 from shared.consuming import Rejected
 from shared.messages import Envelope, ExecuteTool, RefuseExecution, ToolExecuted, encode, now
 from shared.observability import EXECUTION_TIME, EXECUTIONS, timed, tool_label
-from shared.signatures import Unverified, arguments_fingerprint
+from shared.signatures import Unverified
 
 from .claims import Claims
 from .leases import Leases
-from .tools import ToolContext, ToolResult, run_tool
+from .tools import McpConnections, ToolContext, ToolResult, run_tool
 
 log = logging.getLogger("signoff.tool_executor")
 # Past this, stop deferring to a Redis lease and let the ledger claim decide.
@@ -45,6 +45,8 @@ class Executor:
     max_bytes: int | None = None
     # The tool launcher's socket (SIGNOFF_TOOL_LAUNCHER): python tools start through it.
     tool_launcher: Path | None = None
+    # One kept connection per MCP server its `mcp` tools name.
+    mcp: McpConnections = field(default_factory=McpConnections)
 
 
 async def execute_tool(executor: Executor, command: ExecuteTool) -> None:
@@ -87,7 +89,9 @@ async def _refuse(executor: Executor, command: ExecuteTool, code: str, detail: s
 async def _claim_run_and_report(
     executor: Executor, command: ExecuteTool, spec, effect: str, granted: Authorization
 ) -> None:
-    fingerprint = arguments_fingerprint(command.arguments)
+    # verify_authorization compared the command's arguments with the fingerprint the
+    # ledger sealed: the seal already proves it, so it is not computed a second time.
+    fingerprint = granted.arguments
     while True:
         verdict = await executor.claims.take(
             command.call_id,
@@ -124,7 +128,9 @@ async def _claim_run_and_report(
             )
             heartbeat = asyncio.create_task(_keep_lease(executor, command.call_id))
             try:
-                result = await run_tool(spec, command.arguments, context, executor.http, executor.tool_launcher)
+                result = await run_tool(
+                    spec, command.arguments, context, executor.http, executor.tool_launcher, executor.mcp
+                )
             finally:
                 heartbeat.cancel()
             await faults.reached("executor.after_effect")

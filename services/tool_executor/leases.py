@@ -2,7 +2,8 @@
 
 Only a fast path (invariant 8): the durable claim in the ledger decides what
 runs. With Redis flushed or down, every lease is simply granted and the claim
-does all the work, a little slower.
+does all the work, a little slower. A Redis that refuses the executor's user is no
+outage (shared/redis_access.py): an error, and the executor is not ready.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import logging
 
 from redis.asyncio import Redis
+
+from shared.redis_access import FIX, refused
 
 log = logging.getLogger("signoff.leases")
 
@@ -37,7 +40,7 @@ class Leases:
         try:
             return bool(await self.redis.set(self._key(call_id), self.holder, nx=True, px=self.ttl_ms))
         except Exception as error:
-            log.warning("redis unavailable for leases (%s); the ledger claim decides alone", error)
+            _unavailable(error, "the ledger claim decides alone")
             return True
 
     async def renew(self, call_id: str) -> None:
@@ -52,4 +55,11 @@ class Leases:
         try:
             await self.redis.eval(script, 1, self._key(call_id), self.holder, *args)
         except Exception as error:
-            log.warning("redis unavailable for leases (%s)", error)
+            _unavailable(error, "")
+
+
+def _unavailable(error: Exception, meanwhile: str) -> None:
+    if refused(error):
+        log.error("redis refuses the executor's user for leases (%s); %s", error, FIX)
+    else:
+        log.warning("redis unavailable for leases (%s)%s", error, f"; {meanwhile}" if meanwhile else "")

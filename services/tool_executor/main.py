@@ -13,11 +13,12 @@ import httpx
 from pydantic import TypeAdapter
 
 from shared import keyring, redaction
-from shared.catalogue import load_catalogue
+from shared.catalogue import ToolCatalogue, load_catalogue, reload_catalogue
 from shared.ledger.claims import heartbeat_engine
 from shared.ledger.database import create_engine, database_reachable, migrate
 from shared.messages import ExecuteTool
 from shared.observability import know_tools
+from shared.redis_access import RedisAccess
 from shared.runtime import prepare
 from shared.settings import Settings
 
@@ -62,6 +63,12 @@ async def run(settings: Settings) -> None:
     runtime.health.add("database", partial(database_reachable, engine))
     await migrate(engine, settings)
     holder = f"{socket.gethostname()}:{os.getpid()}"
+    # Redis away: leases are granted and the claim decides. Redis refusing this user: not ready.
+    redis = RedisAccess(
+        runtime.redis, f"{settings.namespace}:lease:ready", settings.redis_user("tool-executor"), ready_while_away=True
+    )
+    runtime.health.add("redis", redis.ready)
+    await redis.ready()  # a refusal is logged at start, not only when a probe asks
     catalogue = load_catalogue(settings.tools_file)
     # Every value the tools take from this environment is a secret: never in a log line or a dead letter.
     redaction.remember(*(os.environ[name] for name in catalogue.env_references() if name in os.environ))
@@ -81,9 +88,18 @@ async def run(settings: Settings) -> None:
             tool_launcher=settings.tool_launcher,
         )
         runtime.consume("tool.execute", TypeAdapter(ExecuteTool), partial(execute_tool, executor))
+
+        def take(new: ToolCatalogue) -> None:
+            redaction.remember(*(os.environ[name] for name in new.env_references() if name in os.environ))
+            know_tools([spec.name for spec in new.tools])
+            executor.catalogue = new
+            executor.mcp.keep_only(new)
+
+        runtime.on_reload(partial(reload_catalogue, settings.tools_file, take))
         try:
             await runtime.serve()
         finally:
+            await executor.mcp.close()
             await engine.dispose()
             if heartbeat is not None:
                 await heartbeat.dispose()

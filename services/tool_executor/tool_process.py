@@ -222,6 +222,27 @@ def main() -> None:
     answer.flush()
 
 
+def serve_calls() -> None:
+    """A warm worker of one tool marked `reuse_process` (tools.py `WarmWorkers`): what
+    `main` is, for one call after another. Each call is one line of JSON on stdin, each
+    answer one line on stdout (JSON escapes every newline inside it); the end of stdin
+    ends the process. The tool's module is imported by the first call and kept."""
+    _private()
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    calls = os.fdopen(os.dup(0), "rb")
+    for line in calls:
+        call = json.loads(line)
+        os.environ.update(call["env"])
+        result = _run(call)
+        try:
+            data = json.dumps(result).encode()
+        except (TypeError, ValueError):
+            data = json.dumps({"error": "the tool's output could not be written as JSON"}).encode()
+        answer.write(data + b"\n")
+        answer.flush()
+
+
 # The fork server (docs/design.md, "A process per python call costs time"). It starts like
 # a tool's process (the same interpreter, user, folder and plain environment) but imports
 # no tool: it reads its setup on stdin, becomes the tools' user, imports what every call
@@ -230,7 +251,8 @@ def main() -> None:
 # never held a secret (a call and its variables reach only the child, on its stdin).
 #
 # Its starter (the executor, or the tool launcher) sends on the control socket one
-# message per call: the child's environment (JSON) with five descriptors: a connection
+# message per call: the child's environment (JSON; or `{"environment": {…}, "calls":
+# "many"}` from the executor for a warm worker, `serve_calls`) with five descriptors: a connection
 # to answer on, the child's stdin, stdout and stderr, and its folder (entered with
 # fchdir: its parent may be a folder the tools' user cannot enter). On that connection
 # the server answers as the launcher does (shared/tool_launch.py): `{"started": true}`,
@@ -292,7 +314,10 @@ def serve() -> None:
                         os.close(descriptor)
                     continue
                 private = [control.fileno(), selector.fileno(), *children, *(c.fileno() for _, c in children.values())]
-                pid = _fork_child(json.loads(data), descriptors, private)
+                message = json.loads(data)
+                many = isinstance(message.get("environment"), dict)  # a plain environment's values are strings
+                environment = message["environment"] if many else message
+                pid = _fork_child(environment, descriptors, private, many)
                 connection = socket.socket(fileno=descriptors[0])
                 for descriptor in descriptors[1:]:
                     os.close(descriptor)
@@ -321,8 +346,9 @@ def serve() -> None:
                 connection.close()
 
 
-def _fork_child(environment: dict[str, str], descriptors: list[int], private: list[int]) -> int:
-    """Fork the call's process; in it, become what `main` is in a fresh interpreter."""
+def _fork_child(environment: dict[str, str], descriptors: list[int], private: list[int], many: bool = False) -> int:
+    """Fork the call's process; in it, become what `main` is in a fresh interpreter
+    (`many`: what `serve_calls` is, a warm worker of one reusable tool)."""
     server = os.getpid()
     pid = os.fork()
     if pid:
@@ -344,7 +370,7 @@ def _fork_child(environment: dict[str, str], descriptors: list[int], private: li
         _die_with(server)
         os.environ.clear()
         os.environ.update(environment)
-        main()
+        serve_calls() if many else main()
         code = 0
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1

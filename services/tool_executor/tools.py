@@ -1,10 +1,11 @@
-"""Tool implementations: `python` (an import path, run in a process of its own) and
-`http` (a request template)."""
+"""Tool implementations: `python` (an import path, run in a process of its own),
+`http` (a request template) and `mcp` (a tool of an MCP server, on a connection kept open)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -20,8 +21,11 @@ import httpx
 
 from shared.catalogue import (
     HttpImplementation,
+    McpImplementation,
+    McpServer,
     MissingSecret,
     PythonImplementation,
+    ToolCatalogue,
     ToolSpec,
     http_request,
     shown_request,
@@ -38,12 +42,22 @@ from shared.tool_launch import (
     LaunchRequest,
     Refused,
     ToolUserMissing,
+    tool_data_dir,
     tools_account,
 )
 
 from .tool_process import RESULT_BYTES, Call, NoResult, ToolContext, result_of
 
-__all__ = ["TOOLS_USER", "ToolContext", "ToolResult", "ToolUserMissing", "run_tool", "tool_data_dir", "tools_user"]
+__all__ = [
+    "TOOLS_USER",
+    "McpConnections",
+    "ToolContext",
+    "ToolResult",
+    "ToolUserMissing",
+    "run_tool",
+    "tool_data_dir",
+    "tools_user",
+]
 
 # A call's error as reported, recorded and said to the model: enough to say why.
 ERROR_CHARS = 1000
@@ -56,12 +70,6 @@ class ToolResult:
     outcome: Outcome
     output: Any = None
     error: str | None = None
-
-
-def tool_data_dir(data_dir: Path) -> Path:
-    """The python tools' folder in a deployment's data folder (their `context.data_dir`):
-    theirs alone, apart from the keys, the ledger file and the logs."""
-    return data_dir / "tools"
 
 
 _tools_user: tuple[int, int] | None = None
@@ -86,17 +94,20 @@ async def run_tool(
     context: ToolContext,
     http: httpx.AsyncClient,
     launcher: Path | None = None,
+    mcp: McpConnections | None = None,
 ) -> ToolResult:
     """Run the call; what it returns has this call's secrets hidden (its declared
     secret arguments, the `${env:…}` values it used, credential shapes in errors):
     the result is recorded, reported, put in the transcript and sent to hooks.
     `launcher`: the tool launcher's socket (SIGNOFF_TOOL_LAUNCHER), through which
-    every python tool is then started."""
+    every python tool is then started. `mcp`: the executor's kept connections to MCP servers."""
     implementation = spec.implementation
     if isinstance(implementation, PythonImplementation):
         result = await _run_python(implementation, spec, arguments, context, launcher)
     elif isinstance(implementation, HttpImplementation):
         result = await _run_http(implementation, spec, arguments, context, http)
+    elif isinstance(implementation, McpImplementation):
+        result = await _run_mcp(implementation, spec, arguments, mcp)
     else:
         result = ToolResult("error", error=f"the tool {spec.name!r} has no implementation")
     secrets = spec.secret_values(arguments)
@@ -153,6 +164,8 @@ async def _run_python(
         # The fork server already is the tools' user and has the import path: the child
         # needs neither (nor could it switch users again).
         call = call._replace(import_path=[], run_as=None)
+        if implementation.reuse_process:
+            return await _warm_workers.run(spec, call, folder, run_as)
     try:
         async with deadline:
             if forked:
@@ -229,7 +242,7 @@ async def _start_here(folder: Path) -> _Here:
     """Started with `subprocess.Popen`, not the event loop's `subprocess_exec`: Popen
     starts the process with vfork, which costs the executor ~0.2 ms of CPU; uvloop's
     spawn forks the whole executor (its page tables), ~4.8 ms of CPU and ~14 ms of
-    the loop's time per call, measured (docs/performance.md, session 6)."""
+    the loop's time per call, measured (docs/benchmarks.md)."""
     python, handed, descriptors = _interpreter()
     process = subprocess.Popen(
         [
@@ -488,21 +501,22 @@ class ForkServer:
             self.process.wait()
             self.process = None
 
-    async def fork(self, folder: Path) -> _Launched:
-        """A child of the fork server for one call, in `folder`, answered like a launched process."""
+    async def fork(self, folder: Path, many: bool = False) -> _Launched:
+        """A child of the fork server for one call, in `folder`, answered like a launched
+        process (`many`: a warm worker, `tool_process.serve_calls`)."""
         try:
-            return await self._ask(folder)
+            return await self._ask(folder, many)
         except (LauncherUnavailable, TimeoutError):
             # Dead or stuck before it started the call: nothing ran, so start it again
             # and ask once more.
             self.stop()
         try:
-            return await self._ask(folder)
+            return await self._ask(folder, many)
         except (LauncherUnavailable, TimeoutError):
             self.stop()
             raise LauncherUnavailable("the python tools' fork server did not start the call; nothing ran") from None
 
-    async def _ask(self, folder: Path) -> _Launched:
+    async def _ask(self, folder: Path, many: bool) -> _Launched:
         if self.process is None or self.process.poll() is not None:
             self.stop()
             self._start(folder)
@@ -512,7 +526,8 @@ class ForkServer:
         ours.setblocking(False)
         # Entered by descriptor: the tools' user may not pass the folders above it.
         entered = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        environment = json.dumps(_basic_environment(folder)).encode()
+        basic = _basic_environment(folder)
+        environment = json.dumps({"environment": basic, "calls": "many"} if many else basic).encode()
 
         def send(pipes: list[int]) -> None:
             # Non-blocking: a server that stopped reading is stuck, not waited for.
@@ -530,11 +545,139 @@ class ForkServer:
 _fork_servers: dict[tuple[int, int] | None, ForkServer] = {}
 
 
-async def _fork(folder: Path, run_as: tuple[int, int] | None) -> _Launched:
+async def _fork(folder: Path, run_as: tuple[int, int] | None, many: bool = False) -> _Launched:
     server = _fork_servers.get(run_as)
     if server is None:
         server = _fork_servers[run_as] = ForkServer(run_as)
-    return await server.fork(folder)
+    return await server.fork(folder, many)
+
+
+class _Worker:
+    """A warm worker (`tool_process.serve_calls`): one tool's process, forked from the
+    fork server, serving that tool's calls one at a time over its stdin and stdout."""
+
+    def __init__(self, process: _Launched) -> None:
+        self.process = process
+        self.loop = asyncio.get_running_loop()
+        self.calls = 0
+        self.stderr_tail = bytearray()
+        # Drained all along: a tool that prints must never block on a full pipe.
+        self.draining = asyncio.ensure_future(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := await self.process.stderr.read(1 << 16):
+                self.stderr_tail[:] = (self.stderr_tail + chunk)[-STDERR_KEPT:]
+
+    @property
+    def alive(self) -> bool:
+        return (
+            self.process.returncode is None
+            and not self.process.watch.done()
+            and self.loop is asyncio.get_running_loop()
+        )
+
+    async def call(self, call: bytes) -> bytes | None:
+        """Write one call, read its one line of answer; None past RESULT_BYTES; b"" when
+        the process ended without answering."""
+        self.calls += 1
+        self.stderr_tail.clear()
+        self.process.stdin.write(call + b"\n")
+        await self.process.stdin.drain()
+        answer = bytearray()
+        while not answer.endswith(b"\n"):
+            more = await self.process.stdout.read(1 << 20)
+            if not more:
+                return b""
+            answer += more
+            if len(answer) > RESULT_BYTES:
+                return None
+        return bytes(answer)
+
+    def retire(self) -> None:
+        """Its group killed by the fork server (our end of the connection closes), its pipes closed."""
+        if self.loop.is_closed():  # its loop's transports are gone; the connection is what the server watches
+            self.process.connection.close()
+            return
+        self.draining.cancel()
+        self.process.kill()
+        self.process.close()
+
+
+class WarmWorkers:
+    """The warm workers of the tools marked `reuse_process`, kept per tool (and per user
+    and folder): a call takes an idle one or has a new one forked, and gives it back when
+    it answered. A worker serves one tool only, so what one call leaves in it (its module,
+    its variables) is seen by a later call of the same tool alone; one whose call timed
+    out, died or answered garbage is killed with its group, never reused."""
+
+    # Idle workers kept per tool: the rest retire when their call is answered.
+    IDLE_KEPT = 16
+    # A worker retires after this many calls (what a tool's module accumulates stays bounded).
+    CALLS_PER_WORKER = 10_000
+
+    def __init__(self) -> None:
+        self.idle: dict[tuple[Any, ...], list[_Worker]] = {}
+        self.forks = 0
+
+    async def run(self, spec: ToolSpec, call: Call, folder: Path, run_as: tuple[int, int] | None) -> ToolResult:
+        implementation = spec.implementation
+        assert isinstance(implementation, PythonImplementation)
+        key = (run_as, str(folder), implementation.function, tuple(sorted(call.env.items())))
+        idle = self.idle.setdefault(key, [])
+        timeout = implementation.timeout_seconds
+        deadline = asyncio.timeout(timeout)
+        worker: _Worker | None = None
+        answer: bytes | None = None
+        try:
+            async with deadline:
+                while idle and worker is None:
+                    candidate = idle.pop()
+                    if candidate.alive:
+                        worker = candidate
+                    else:
+                        candidate.retire()
+                if worker is None:
+                    worker = _Worker(await _fork(folder, run_as, many=True))
+                    self.forks += 1
+                answer = await worker.call(call.encode())
+        except LauncherUnavailable as unavailable:
+            return ToolResult("error", error=str(unavailable))
+        except OSError as error:
+            if isinstance(error, TimeoutError) and deadline.expired():
+                late = f"the tool did not finish within {timeout:g} s"
+                return ToolResult("outcome_unknown" if spec.effect == "outward" else "error", error=late)
+            if worker is None:
+                return ToolResult("error", error=f"the tool's process could not start: {type(error).__name__}: {error}")
+            return ToolResult("error", error=f"the tool's process ended the call: {type(error).__name__}: {error}")
+        finally:
+            if worker is not None:
+                whole = answer is not None and answer.endswith(b"\n")
+                if whole and worker.alive and worker.calls < self.CALLS_PER_WORKER and len(idle) < self.IDLE_KEPT:
+                    idle.append(worker)
+                else:
+                    worker.retire()
+        assert worker is not None
+        if answer is None:
+            return ToolResult("error", error=f"the tool's process answered more than {RESULT_BYTES >> 20} MiB")
+        try:
+            output, failure = result_of(answer)
+        except NoResult as garbage:
+            if not answer:
+                # Ended mid-call: what it said on stderr, once the pipe has drained.
+                await asyncio.wait({worker.draining}, timeout=1.0)
+            said = worker.stderr_tail.decode(errors="replace").strip()
+            return ToolResult("error", error=f"the tool's process {garbage}" + (f": {said}" if said else ""))
+        return ToolResult("output", output) if failure is None else ToolResult("error", error=failure)
+
+    def stop(self) -> None:
+        for workers in self.idle.values():
+            for worker in workers:
+                worker.retire()
+        self.idle.clear()
+
+
+_warm_workers = WarmWorkers()
 
 
 async def _exchange(process: _Here | _Launched, call: bytes) -> tuple[bytes | None, bytes]:
@@ -594,7 +737,7 @@ def _interpreter() -> tuple[list[str], dict[str, str], tuple[int, ...]]:
     directory. But `signoff up` as root starts the executor as a user who may not enter
     the folders this Python lives in, handing it those folders as descriptors named
     `/proc/self/fd/<n>` in PYTHONHOME, PYTHONPATH and LD_LIBRARY_PATH
-    (services/service_users.py, `Interpreter`): the tool's process is handed the same
+    (services/operations/service_users.py, `Interpreter`): the tool's process is handed the same
     ones, and takes exactly those three variables (paths, no secret) with `-s -P`."""
     handed = {
         name: os.environ[name]
@@ -691,6 +834,96 @@ async def _run_http(
         return ToolResult("output", {"status": response.status_code, "body": body})
     # The receiver's answer, its secrets hidden and cut short by `run_tool`: enough to say why.
     return ToolResult("error", error=f"HTTP {response.status_code} from {shown}: {body}")
+
+
+# Said when an `mcp` tool is approved on an executor installed without the MCP SDK.
+MCP_MISSING = "this executor cannot run MCP tools: the MCP SDK is not installed (pip install 'signoff[mcp]')"
+
+
+class McpConnections:
+    """The executor's connections to the MCP servers its `mcp` tools name: one kept open
+    per server (shared/mcp_upstream.py `Upstream`, as the proxy keeps its upstreams),
+    opened on the server's first call and again after it broke or stopped answering. A
+    stdio server's process is started as it always was, with its declared variables
+    alone, and now serves the calls that follow. The SDK is imported on the first `mcp`
+    call, never before."""
+
+    # How long `close` lets the calls still running on a connection end before closing it.
+    CLOSE_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        # By the server's declaration: a catalogue that changes it gets a new connection.
+        self._served: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+
+    def upstream(self, mcp_upstream: Any, server: McpServer) -> Any:
+        key = server.model_dump_json()
+        served = self._served.get(key)
+        if served is None or served[1].done():
+            # Credentials come from the executor's environment (`${env:…}`): the keys
+            # folder's files are each service's own, and none of them is a tool's.
+            upstream = mcp_upstream.Upstream(server.shown, server, None)
+            served = self._served[key] = (upstream, asyncio.create_task(upstream.serve(), name=f"mcp {server.shown}"))
+        return served[0]
+
+    def keep_only(self, catalogue: ToolCatalogue) -> None:
+        """After a reload: a server no tool names any more is let go (the calls running
+        on it finish there, then its connection closes)."""
+        named = {
+            spec.implementation.server.model_dump_json()
+            for spec in catalogue.tools
+            if isinstance(spec.implementation, McpImplementation)
+        }
+        for key in set(self._served) - named:
+            self._served.pop(key)[1].cancel()
+
+    async def close(self, seconds: float = CLOSE_SECONDS) -> None:
+        served = list(self._served.values())
+        self._served.clear()
+        for _, serving in served:
+            serving.cancel()
+        await asyncio.gather(*(serving for _, serving in served), return_exceptions=True)
+        await asyncio.gather(*(upstream.closed(seconds) for upstream, _ in served))
+
+
+async def _run_mcp(
+    implementation: McpImplementation, spec: ToolSpec, arguments: dict[str, Any], connections: McpConnections | None
+) -> ToolResult:
+    """One `tools/call` on the server's kept connection (`connections`; without them, on
+    one opened for this call alone). The SDK is an optional extra, imported here, when an
+    `mcp` tool runs: an executor without it refuses the call, saying so, and nothing was sent."""
+    try:
+        mcp_upstream = importlib.import_module("shared.mcp_upstream")
+    except ImportError:
+        return ToolResult("error", error=MCP_MISSING)
+    own = connections is None
+    if connections is None:
+        connections = McpConnections()
+    server = implementation.server
+    # The longest a call can take there: waiting behind a start that fails, its own start,
+    # then the call. Past it (which `Upstream` should never let happen), it may have run.
+    bound = 2 * server.connect_timeout_seconds + server.timeout_seconds + 5
+    try:
+        async with asyncio.timeout(bound):
+            result = await connections.upstream(mcp_upstream, server).call_tool(implementation.tool, arguments)
+    except TimeoutError:
+        failure = mcp_upstream.UpstreamFailure("no_answer", f"{server.shown} did not answer within {bound:g}s")
+    except mcp_upstream.UpstreamFailure as failed:
+        failure = failed
+    else:
+        failure = None
+    finally:
+        if own:
+            await connections.close()
+    if failure is not None:
+        if failure.may_have_run and spec.effect == "outward":
+            # The call was sent: whether it ran is unknown, and it is never sent again (invariant 4).
+            return ToolResult("outcome_unknown", error=f"MCP tool {implementation.tool}: {failure} ({failure.kind})")
+        return ToolResult("error", error=f"MCP tool {implementation.tool}: {failure} ({failure.kind})")
+    if result.is_error:
+        # The tool ran and said it failed: its own words.
+        said = " ".join(getattr(block, "text", "") for block in result.content).strip()
+        return ToolResult("error", error=f"MCP tool {implementation.tool} failed: {said or '(no text)'}")
+    return ToolResult("output", result.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def _why(error: Exception, url: str) -> str:

@@ -7,7 +7,7 @@ over replicas (services/approval_ledger/backlog.py sets the gauges; `signoff sta
 shows the same measurement).
 
 The pending requests are read by their indexes' shape, whatever their number
-(issue 25; this read used to join every pending row to its call every 5 seconds):
+(this read used to join every pending row to its call every 5 seconds):
 the count per tool is the sum of `pending_tally` (kept by triggers, migration 0015),
 and each counted tool's oldest and first to expire are the heads of the partial
 indexes `ix_approval_requests_pending_tool_age` / `_tool_expiry`. When the tally has

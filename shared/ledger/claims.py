@@ -6,6 +6,7 @@ into the ledger's database."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.ledger import driver
 from shared.ledger.call_on_record import CALL_ON_RECORD
-from shared.ledger.database import create_engine, insert_unless_present
+from shared.ledger.database import STATEMENT_COUNTS, create_engine, insert_unless_present
 from shared.ledger.tables import TABLES, ExecutionClaim
 from shared.settings import Settings
 
@@ -84,6 +85,41 @@ class ClaimRows:
         """One claim's transaction: what it reads and writes commits together, or not at all."""
         return self.engine.begin()
 
+    @property
+    def on_driver(self) -> bool:
+        """Whether `take_fresh` may be used: on PostgreSQL (asyncpg)."""
+        return self.engine.dialect.name == "postgresql"
+
+    async def take_fresh(
+        self, fresh_values: dict[str, Any], judge: Callable[[Any], str | None]
+    ) -> tuple[bool, str | None]:
+        """The common case on PostgreSQL, in a transaction begun straight on asyncpg: the
+        record read and a fresh claim in one statement (`_RECORD_AND_FRESH_CLAIM`), the
+        record `judge`d (None: allowed, else why not). Committed only when the claim went
+        in and the judge refused nothing, else rolled back, so a refused call keeps no
+        claim. (True, None): claimed; (False, why): refused; (False, None): the call had a
+        claim already, which the caller decides on in a transaction of its own
+        (`claiming`). SQLAlchemy's begin, execution and commit around this one statement
+        cost more of the executor's CPU than the statement (docs/benchmarks.md)."""
+        async with self.engine.connect() as conn:
+            raw = await driver.driver_of(conn)
+            transaction = raw.transaction()
+            committed = False
+            try:
+                await transaction.start()
+                rows = await driver.fetch(conn, _RECORD_AND_FRESH_CLAIM, fresh_values, raw=raw)
+                record = rows[0] if rows else None
+                refusal = judge(record)
+                if refusal is None and record is not None and record.fresh:
+                    await transaction.commit()
+                    committed = True
+                    STATEMENT_COUNTS["commits"] += 1
+                    return True, None
+                return False, refusal
+            finally:
+                if not committed:
+                    await _roll_back(conn, raw, transaction)
+
     async def record_claiming(self, conn: AsyncConnection, fresh_values: dict[str, Any]) -> tuple[Any, bool | None]:
         """The ledger's record of the call (None: it has none), and whether a fresh claim
         (`fresh_values`) was inserted with it: on PostgreSQL in the same statement, when
@@ -119,3 +155,16 @@ class ClaimRows:
         async with engine.begin() as conn:
             result = await conn.execute(statement, parameters)
             return result.rowcount == 1
+
+
+async def _roll_back(conn: AsyncConnection, raw: Any, transaction: Any) -> None:
+    """End a transaction begun on asyncpg without its commit; a connection that cannot
+    roll back (or that the server closed) is dropped from the pool, not reused."""
+    if not raw.is_closed() and raw.is_in_transaction():
+        try:
+            await transaction.rollback()
+            STATEMENT_COUNTS["rollbacks"] += 1
+        except Exception:
+            await conn.invalidate()
+            return
+    await driver.forget_if_closed(conn, raw)

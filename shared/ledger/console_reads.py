@@ -1,8 +1,9 @@
-"""What the operator's console reads of the ledger (services/console.py, the `signoff`
+"""What the operator's console reads of the ledger (services/operations/, the `signoff`
 command): the request a person approves or denies, a session's story (`session show`),
 the pending cards a page at a time (`signoff pending`), the grants (`signoff grants`),
 the turn or grant a cancel or revocation names and the audit entry that answers it,
-a closure for `make run`, and the audit log with its global chain (`signoff audit`).
+a closure for `make run`, the cards a channel adapter catches up on when it starts (their
+approvers so far and decision), and the audit log with its global chain (`signoff audit`).
 
 Everything here is read as the console's role (PostgreSQL: `<ns>_console`, which may
 SELECT and record dead-letter actions, shared/ledger/dead_letter_actions.py); the
@@ -20,9 +21,11 @@ from shared.ledger.database import create_engine, sessionmaker
 from shared.ledger.pages import may_approve_condition
 from shared.ledger.tables import (
     TABLES,
+    Approval,
     ApprovalRequest,
     AuditEntry,
     Closure,
+    Decision,
     Grant,
     ProviderAttemptRow,
     Session,
@@ -32,7 +35,7 @@ from shared.ledger.tables import (
 from shared.settings import Settings
 
 AUDIT, AUDIT_CHAIN, AUDIT_HEAD = TABLES["audit_log"], TABLES["audit_chain"], TABLES["audit_head"]
-Row = TypeVar("Row", ApprovalRequest, Turn, Grant, Closure)
+Row = TypeVar("Row", ApprovalRequest, Turn, Grant, Closure, Decision)
 
 
 @dataclass
@@ -77,6 +80,22 @@ class ConsoleLedger:
 
     async def closure(self, call_id: str) -> Closure | None:
         return await self._row(Closure, call_id)
+
+    async def decision(self, request_id: str) -> Decision | None:
+        return await self._row(Decision, request_id)
+
+    async def approvers(self, request_ids: list[str]) -> dict[str, list[str]]:
+        """Who has approved each of these requests so far (a card that needs several), in order."""
+        if not request_ids:
+            return {}
+        async with self.sessions() as db:
+            found = await db.scalars(
+                select(Approval).where(Approval.request_id.in_(request_ids)).order_by(Approval.approved_at)
+            )
+            approvers: dict[str, list[str]] = {}
+            for approval in found:
+                approvers.setdefault(approval.request_id, []).append(approval.responder)
+            return approvers
 
     async def _row(self, kind: type[Row], key: str) -> Row | None:
         async with self.sessions() as db:

@@ -7,7 +7,7 @@ import fcntl
 import logging
 from pathlib import Path
 
-from sqlalchemy import Insert, Table, event, text
+from sqlalchemy import Insert, Table, event, exc, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
@@ -40,6 +40,25 @@ def _count_statements(engine: AsyncEngine) -> AsyncEngine:
     return engine
 
 
+def never_hand_out_a_closed_connection(engine: AsyncEngine) -> AsyncEngine:
+    """PostgreSQL: a pooled connection whose server ended it (a primary lost and its standby
+    promoted, a backend terminated) is replaced at checkout, before anyone uses it. The
+    statements sent straight to asyncpg (`driver.py`) bypass SQLAlchemy's disconnect
+    handling, so without this one path that forgot to invalidate kept a closed connection
+    in the pool and failed every later checkout with "connection is closed" (an executor,
+    for two minutes after a failover in tests/cluster). asyncpg notices a closed socket on
+    its own: the check is a flag, not a round trip."""
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _replace_if_closed(dbapi_connection, _record, _proxy) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", None)
+        if driver is not None and driver.is_closed():
+            # The pool discards this connection and checks out (or opens) another.
+            raise exc.DisconnectionError("the server closed this pooled connection")
+
+    return engine
+
+
 def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> AsyncEngine:
     """An engine on the ledger, logged in as `identity` (a service, or `console`): on
     PostgreSQL its own role, which may do only what that service needs."""
@@ -52,7 +71,9 @@ def create_engine(settings: Settings, *, identity: str, pool_size: int = 10) -> 
         # steady load every checkout past the pool size paid a new connection (a TCP
         # handshake, authentication and a PostgreSQL backend process) and dropped it.
         return _count_statements(
-            create_async_engine(url, pool_size=pool_size, max_overflow=0, connect_args=connect_args)
+            never_hand_out_a_closed_connection(
+                create_async_engine(url, pool_size=pool_size, max_overflow=0, connect_args=connect_args)
+            )
         )
     Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
     # One connection: SQLite has one writer at a time anyway, and queueing in

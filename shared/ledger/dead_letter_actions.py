@@ -1,7 +1,7 @@
 """The one table the operator's console writes in the ledger's database (docs/design.md,
 "Services and who owns what"): `dead_letter_actions`, what an operator did with a parked
 message (`signoff dead-letters replay|drop`), committed before the parked copy leaves
-the queue (`_act_on_dead_letters` in services/console.py). The console's role may insert
+the queue (`_act_on_dead_letters` in services/operations/parked.py). The console's role may insert
 there and read; nothing else writes it."""
 
 from __future__ import annotations

@@ -6,11 +6,16 @@ cursor in commit-safe order, the cursor of "now", and the verdicts decisions wai
   written, not when its transaction commits, so a row with a smaller id can become
   visible after a larger one has been served; `id > last` would then skip it for good.
   Each row carries its transaction's id (migration 0012), and only rows of
-  transactions below the oldest still running (`pg_snapshot_xmin`) are served: every
-  transaction there has ended, so no row can later appear before the cursor. Every
-  read of the stream (`events_after`, `newest_event`, the watcher's `CommitFeed`)
-  names that one condition, `HORIZON`. SQLite has one writer at a time, whose ids
-  are handed out and committed in one order: (0, id).
+  transactions below the horizon are served: below the oldest transaction still open
+  *that may write the outbox* (a backend of this database whose role has INSERT on
+  it: the ledger's, or a superuser's). Nobody else can add a row before the cursor,
+  so nobody else's transaction holds the stream back, however long it stays open
+  (the server-wide `pg_snapshot_xmin` did: one idle transaction of any role stopped
+  every stream). The horizon is read first (`HORIZON_SQL`) and the rows after, in a
+  statement (and snapshot) of their own: a writer that ends between the two is then
+  seen committed. Every read of the stream (`events_after`, `newest_event`, the
+  watcher's `CommitFeed`) goes through `below_horizon`. SQLite has one writer at a
+  time, whose ids are handed out and committed in one order: (0, id).
 - **The watcher's connection** (`CommitFeed`): one connection per gateway process
   LISTENs on the ledger's outbox channel (`database.notify_channel`) and runs the
   watcher's reads as plain statements (asyncpg prepares each once), not through
@@ -36,20 +41,46 @@ from shared.messages import EVENT_TYPES
 Cursor = tuple[int, int]
 # The events a caller may be streamed (the outbox also holds commands: never those).
 STREAMED = sorted(EVENT_TYPES)
-# The audit entries that are the ledger's verdict on a response.
-VERDICTS = ("response.accepted", "response.rejected")
-# PostgreSQL: only rows of transactions below the oldest still running (see above).
-HORIZON = "coalesce(txid, 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-# PostgreSQL: the committed events after a cursor ($1, $2) = (txid, id), in that order.
+# The audit entries that are the ledger's verdict on a message a gateway waits on: a
+# response (accepted or rejected), a turn's start (started, repeated or rejected), or a
+# filed call's filing, claim or result (the intake); a refusal of those is a `message.rejected`.
+VERDICTS = (
+    "response.accepted",
+    "response.rejected",
+    "turn.started",
+    "turn.repeated",
+    "call.filed",
+    "call.refiled",
+    "call.claimed",
+    "call.claimed.again",
+    "call.reported",
+    "message.rejected",
+)
+# PostgreSQL: (next, horizon): the first transaction id no open writer of the outbox is
+# below (the horizon; below `next` while a writer is open). `next` is
+# the snapshot's xmax (every id below it was handed out before this statement began);
+# each open writer's `backend_xid` (32 bits, read at once from the server's process
+# array) is widened to 64 bits against it: it lies within 2^31 of `next`. A writer
+# is a backend of this database whose role may INSERT into the outbox.
+HORIZON_SQL = (
+    "SELECT now.next, least(now.next, min(now.next"
+    " + (a.backend_xid::text::bigint - now.next % 4294967296 + 6442450944) % 4294967296 - 2147483648))"
+    " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next) AS now"
+    " LEFT JOIN pg_stat_activity AS a ON a.backend_xid IS NOT NULL AND a.datname = current_database()"
+    " AND has_table_privilege(a.usesysid, 'outbox', 'INSERT')"
+    " GROUP BY now.next"
+)
+# PostgreSQL: the committed events after a cursor ($1, $2) = (txid, id) and below the horizon ($5), in that order.
 EVENTS_AFTER_SQL = (
     "SELECT coalesce(txid, 0) AS txid, id, session_id, message_type, body FROM outbox"
     " WHERE message_type = any($3::text[]) AND (coalesce(txid, 0), id) > ($1::bigint, $2::bigint)"
-    f" AND {HORIZON}"
+    " AND coalesce(txid, 0) < $5::bigint"
     " ORDER BY coalesce(txid, 0), id LIMIT $4"
 )
-# PostgreSQL: the newest outbox row (any type) below the horizon.
+# PostgreSQL: the newest outbox row (any type) below the horizon ($1).
 NEWEST_EVENT_SQL = (
-    f"SELECT coalesce(txid, 0) AS txid, id FROM outbox WHERE {HORIZON} ORDER BY coalesce(txid, 0) DESC, id DESC LIMIT 1"
+    "SELECT coalesce(txid, 0) AS txid, id FROM outbox WHERE coalesce(txid, 0) < $1::bigint"
+    " ORDER BY coalesce(txid, 0) DESC, id DESC LIMIT 1"
 )
 # PostgreSQL: the verdicts on any of these (session ids $1, message ids $2).
 VERDICT_SQL = (
@@ -70,27 +101,41 @@ class VerdictRow:
     detail: dict[str, Any]
 
 
+async def below_horizon(raw: Any, statement: str, *args: Any, held: list[bool] | None = None) -> Sequence[Any]:
+    """PostgreSQL: `statement`'s rows with the horizon as its last argument, on the driver's
+    connection `raw` (asyncpg prepares each once). Two statements, each its own snapshot
+    (the gateway's connections autocommit): a writer open when the horizon is read and
+    ended before the rows are read is seen committed; one still open is below it.
+    `held`: set to whether a writer was open (the horizon below the snapshot's next id),
+    so rows may be held back that no later NOTIFY announces (it rolls back)."""
+    next_id, horizon = await raw.fetchrow(HORIZON_SQL)
+    if held is not None:
+        held[:] = [horizon < next_id]
+    return await raw.fetch(statement, *args, horizon)
+
+
 async def newest_event(engine: AsyncEngine) -> Cursor:
     """The cursor of "now": the newest outbox row (any type) below the horizon: every
     row after it that will ever be committed sorts after it."""
-    if engine.dialect.name == "postgresql":
-        query = text(NEWEST_EVENT_SQL)
-    else:
-        query = text("SELECT 0 AS txid, id FROM outbox ORDER BY id DESC LIMIT 1")
     async with engine.connect() as conn:
-        row = (await conn.execute(query)).first()
-    return (int(row.txid), int(row.id)) if row else (0, 0)
+        if engine.dialect.name == "postgresql":
+            raw: Any = (await conn.get_raw_connection()).driver_connection
+            rows = await below_horizon(raw, NEWEST_EVENT_SQL)
+            row = rows[0] if rows else None
+        else:
+            row = (await conn.execute(text("SELECT 0 AS txid, id FROM outbox ORDER BY id DESC LIMIT 1"))).first()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 async def events_after(engine: AsyncEngine, cursor: Cursor, limit: int = 200) -> Sequence[Any]:
     """The next committed events after `cursor` = (txid, id), in that order: rows of
     (txid, id, session_id, message_type, body)."""
     if engine.dialect.name == "postgresql":
-        # Plain SQL on the driver (asyncpg prepares it once): the watcher runs it on its
-        # own connection too (`CommitFeed`), so both read exactly these rows.
+        # Plain SQL on the driver: the watcher runs it on its own connection too
+        # (`CommitFeed`), so both read exactly these rows.
         async with engine.connect() as conn:
             raw: Any = (await conn.get_raw_connection()).driver_connection
-            return await raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit)
+            return await below_horizon(raw, EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit)
     query: Any = (
         select(
             literal_column("0").label("txid"),
@@ -138,6 +183,9 @@ class CommitFeed:
     def __init__(self, raw: Any, ended: asyncio.Event) -> None:
         self._raw = raw
         self._ended = ended
+        # Whether the last `events_after` found a writer open below the horizon: rows may
+        # then be held back that no NOTIFY will announce (the writer may roll back).
+        self.held = [True]
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -162,7 +210,7 @@ class CommitFeed:
 
     async def events_after(self, cursor: Cursor, limit: int = 200) -> Sequence[Any]:
         """`events_after`'s rows, read on this connection."""
-        return await self._raw.fetch(EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit)
+        return await below_horizon(self._raw, EVENTS_AFTER_SQL, cursor[0], cursor[1], STREAMED, limit, held=self.held)
 
     async def verdicts(self, waiting: Sequence[tuple[str, str]]) -> list[VerdictRow]:
         """`verdicts`' entries, read on this connection."""

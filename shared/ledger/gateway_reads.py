@@ -20,13 +20,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 
 from shared.catalogue import ToolCatalogue
 from shared.ledger import event_stream, pages
+from shared.ledger.database import never_hand_out_a_closed_connection
 from shared.ledger.tables import (
     Approval,
     ApprovalRequest,
     AuditEntry,
+    Closure,
+    FiledCall,
     Grant,
     ProviderAttemptRow,
     Session,
+    ToolCall,
     TranscriptRow,
     Turn,
 )
@@ -40,15 +44,17 @@ def read_only_engine(settings: Settings) -> AsyncEngine:
         server_settings = {"default_transaction_read_only": "on"}
         if settings.database_schema:
             server_settings["search_path"] = settings.database_schema
-        return create_async_engine(
-            settings.database_login("gateway"),
-            pool_size=5,
-            max_overflow=0,
-            # Each read is one statement in a transaction of its own (still read-only, by the
-            # setting above): no BEGIN and ROLLBACK round trips around it (make bench, the
-            # gateway level). The stream's horizon and its rows are one statement, one snapshot.
-            isolation_level="AUTOCOMMIT",
-            connect_args={"server_settings": server_settings},
+        return never_hand_out_a_closed_connection(
+            create_async_engine(
+                settings.database_login("gateway"),
+                pool_size=5,
+                max_overflow=0,
+                # Each read is one statement in a transaction of its own (still read-only, by the
+                # setting above): no BEGIN and ROLLBACK round trips around it (make bench, the
+                # gateway level). The stream's horizon and its rows are one statement, one snapshot.
+                isolation_level="AUTOCOMMIT",
+                connect_args={"server_settings": server_settings},
+            )
         )
     path = (settings.data_dir / "ledger.db").resolve()
     if settings.database_url:
@@ -78,6 +84,16 @@ class SessionRecord:
     input_tokens: int
     output_tokens: int
     provider_attempts: int
+    # Its newest turn, running or ended (how it ended and why: the turn's row).
+    last_turn: Turn | None = None
+
+
+@dataclass(frozen=True)
+class FiledRecord:
+    filed: FiledCall
+    call: ToolCall
+    request: ApprovalRequest | None
+    closure: Closure | None
 
 
 class GatewayReads:
@@ -191,9 +207,17 @@ class GatewayReads:
 
     async def session(self, session_id: str) -> SessionRecord | None:
         async with self.sessions() as db:
-            session = await db.get(Session, session_id)
-            if session is None:
+            # The session's row and its newest turn in one statement, so one snapshot: read
+            # apart, a turn that ended between them shows as failed in a session still running.
+            newest = _latest_turn(session_id).with_only_columns(Turn.id).scalar_subquery()
+            found = (
+                await db.execute(
+                    select(Session, Turn).outerjoin(Turn, Turn.id == newest).where(Session.id == session_id)
+                )
+            ).one_or_none()
+            if found is None:
                 return None
+            session, last_turn = found
             rows = await db.scalars(
                 select(TranscriptRow).where(TranscriptRow.session_id == session_id).order_by(TranscriptRow.position)
             )
@@ -214,7 +238,7 @@ class GatewayReads:
                     ).where(ProviderAttemptRow.session_id == session_id)
                 )
             ).one()
-        return SessionRecord(session, transcript, pending, int(usage[0]), int(usage[1]), usage[2])
+        return SessionRecord(session, transcript, pending, int(usage[0]), int(usage[1]), usage[2], last_turn)
 
     async def audit_entries(self, session_id: str) -> tuple[list[AuditEntry], dict[str, Turn]]:
         """The session's audit log in its order, and its turns by id (a turn's end reads
@@ -233,12 +257,29 @@ class GatewayReads:
     async def latest_turn(self, session_id: str) -> Turn | None:
         """The session's newest turn, running or ended."""
         async with self.sessions() as db:
-            return await db.scalar(
-                select(Turn)
-                .where(Turn.session_id == session_id)
-                .order_by(Turn.created_at.desc(), Turn.id.desc())
-                .limit(1)
-            )
+            return await db.scalar(_latest_turn(session_id))
+
+    # --- filed calls (the intake) -----------------------------------------------------
+
+    async def filed_call(self, call_id: str) -> FiledRecord | None:
+        """A filed call with its call's row, its request and its closure, as one commit
+        left them (one statement: one snapshot, whatever commits meanwhile)."""
+        return await self._filed(FiledCall.id == call_id)
+
+    async def filed_call_by_caller(self, program: str, caller_call_id: str) -> FiledRecord | None:
+        return await self._filed(FiledCall.program == program, FiledCall.caller_call_id == caller_call_id)
+
+    async def _filed(self, *where: Any) -> FiledRecord | None:
+        query = (
+            select(FiledCall, ToolCall, ApprovalRequest, Closure)
+            .join(ToolCall, ToolCall.id == FiledCall.id)
+            .outerjoin(ApprovalRequest, ApprovalRequest.id == FiledCall.request_id)
+            .outerjoin(Closure, Closure.call_id == FiledCall.id)
+            .where(*where)
+        )
+        async with self.sessions() as db:
+            found = (await db.execute(query)).first()
+        return None if found is None else FiledRecord(*found)
 
     # --- the event stream and verdicts (shared/ledger/event_stream.py) ---------------
 
@@ -259,3 +300,7 @@ class GatewayReads:
     ) -> AbstractAsyncContextManager[event_stream.CommitFeed]:
         """The watcher's LISTEN connection (PostgreSQL), `event_stream.CommitFeed`."""
         return event_stream.CommitFeed.listening(self.engine, channel, notified)
+
+
+def _latest_turn(session_id: str):
+    return select(Turn).where(Turn.session_id == session_id).order_by(Turn.created_at.desc(), Turn.id.desc()).limit(1)

@@ -40,17 +40,48 @@ _UNSENT = (
 _MARK_SENT = (
     update(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).values(sent_at=bindparam("sent_at"))
 )
-# A leader's mark-sent when no hook wants deliveries written beside it: the fence
-# (`Leadership.fence`: the epoch read FOR SHARE) and the UPDATE in one statement, which
-# asyncpg autocommits: one round trip instead of SQLAlchemy's BEGIN, SELECT, UPDATE and
-# COMMIT. The rows are marked only while the epoch is still the one this leader took;
-# either way the epoch it saw comes back, for `Leadership.check`.
-_MARK_SENT_FENCED = text(
-    "WITH leader AS (SELECT epoch FROM publisher_leader WHERE id = :leader_row FOR SHARE),"
-    " marked AS (UPDATE outbox SET sent_at = :sent_at WHERE id = ANY(:ids)"
-    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)"
-    " SELECT (SELECT epoch FROM leader) AS epoch, (SELECT count(*) FROM marked) AS marked"
+# A leader's read of the next unsent rows, leaving out `skip` (published, not yet marked
+# sent), and, when `mark` is given, its mark-sent of those rows fenced as
+# `Leadership.fence` does (the epoch read FOR SHARE, the UPDATE only while it is still
+# this leader's; either way the epoch it saw comes back, for `Leadership.check`): in one
+# autocommitted statement (one round trip, one write transaction for however many
+# batches it marks). The read's snapshot does not see the
+# UPDATE's own effect, hence the ids left out. One row always comes back, with the epoch
+# as the read saw it (no unsent row: the other columns null). Without marks the epoch is
+# read without FOR SHARE: a row lock would make every read a write transaction.
+_NEXT_UNSENT = (
+    " SELECT (SELECT epoch FROM leader) AS epoch,"
+    " next.id, next.message_id, next.message_type, next.exchange, next.routing_key, next.body"
+    " FROM (SELECT 1) AS one LEFT JOIN LATERAL ("
+    "SELECT id, message_id, message_type, exchange, routing_key, body FROM outbox"
+    " WHERE sent_at IS NULL AND id <> ALL(:skip)"
+    " AND id >= (SELECT min(first_unsent.id) FROM outbox AS first_unsent WHERE first_unsent.sent_at IS NULL)"
+    " ORDER BY id LIMIT :batch_size) AS next ON true"
+    " ORDER BY next.id"
 )
+_MARK_AND_READ = text(
+    "WITH leader AS (SELECT epoch FROM publisher_leader WHERE id = :leader_row FOR SHARE),"
+    " marked AS (UPDATE outbox SET sent_at = :sent_at WHERE id = ANY(:skip)"
+    " AND (SELECT epoch FROM leader) = :epoch RETURNING 1)" + _NEXT_UNSENT
+)
+_READ_NEXT = text("WITH leader AS (SELECT epoch FROM publisher_leader WHERE id = :leader_row)" + _NEXT_UNSENT)
+
+
+async def mark_and_read(
+    engine: AsyncEngine, skip: list[int], mark: bool, sent_at: Any, epoch: int, batch_size: int
+) -> tuple[int | None, list[Any]]:
+    """A PostgreSQL leader's read of the next unsent rows but `skip`, and with `mark` its
+    mark-sent of `skip` (only while the epoch is still `epoch`), in one statement: (the
+    epoch it saw, the rows)."""
+    marking = {"leader_row": LEADER_ROW, "skip": skip, "batch_size": batch_size}
+    if mark:
+        marking |= {"sent_at": sent_at, "epoch": epoch}
+    async with engine.connect() as conn:
+        found = await driver.fetch(conn, _MARK_AND_READ if mark else _READ_NEXT, marking)
+    if mark:
+        STATEMENT_COUNTS["commits"] += 1  # autocommitted
+    seen = found[0].epoch if found else None
+    return seen, [row for row in found if row.id is not None]
 
 
 async def unsent(
@@ -73,16 +104,6 @@ async def unsent(
         found = (await conn.execute(_UNSENT, {"batch_size": batch_size})).all()
         await conn.rollback()
         return found
-
-
-async def mark_sent_fenced(engine: AsyncEngine, ids: list[int], sent_at: Any, epoch: int) -> int | None:
-    """A leader's mark-sent with no deliveries beside it, in one autocommitted statement:
-    the rows are marked only while the epoch is still `epoch`; the epoch it saw."""
-    marking = {"leader_row": LEADER_ROW, "ids": ids, "sent_at": sent_at}
-    async with engine.connect() as conn:
-        marked = await driver.fetch(conn, _MARK_SENT_FENCED, {**marking, "epoch": epoch})
-    STATEMENT_COUNTS["commits"] += 1  # autocommitted
-    return marked[0].epoch if marked else None
 
 
 async def mark_sent(

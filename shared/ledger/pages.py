@@ -1,10 +1,11 @@
 """Pages of approval requests, for every list a person or a program reads
 (`signoff pending`, the gateway's `GET /v1/requests` and its inbox): a backlog of
-thousands is read a page at a time, never whole (issue 25).
+thousands is read a page at a time, never whole.
 
 - `may_approve_condition`: who may approve, as a WHERE clause on the request's tool
   (migration 0015), resolved from the catalogue as the ledger judges it (its
-  approvers, its groups; an escalated request's escalation group too).
+  approvers, its groups; an escalated request's escalation group too; a tool a caller
+  declared, its origin's `unknown_tools` approvers).
 - `cursor`/`after`: keyset paging by (created_at, id), opaque to the client: a page
   starts after the last request of the one before, so requests decided meanwhile
   shift nothing and nothing is shown twice.
@@ -19,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import and_, false, or_, tuple_
 
-from shared.catalogue import ToolCatalogue
+from shared.catalogue import DECLARED_SEPARATOR, ToolCatalogue
 from shared.ledger.tables import ApprovalRequest
 
 
@@ -36,6 +37,13 @@ def may_approve_condition(catalogue: ToolCatalogue, principal: str) -> Any:
     conditions: list[Any] = []
     if always:
         conditions.append(ApprovalRequest.tool.in_(always))
+    # A tool a caller declared (`<origin>/<tool>`) has its origin's `unknown_tools` approvers.
+    for origin in catalogue.origins:
+        declared = catalogue.declared_by_caller(origin, "tool")
+        if declared is not None:
+            approvers = catalogue.approvers_of(declared)
+            if approvers is None or principal in approvers:
+                conditions.append(ApprovalRequest.tool.startswith(f"{origin}{DECLARED_SEPARATOR}", autoescape=True))
     if escalated:
         conditions.append(and_(ApprovalRequest.escalated_at.is_not(None), ApprovalRequest.tool.in_(escalated)))
     return or_(*conditions) if conditions else false()

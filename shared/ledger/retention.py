@@ -35,7 +35,7 @@ _LIMIT: BindParameter[Any] = bindparam("limit")
 # (what, statement): each deletes one batch of rows past their time. The outbox's and the
 # inbox's are read oldest first along an index on their time (`ix_outbox_unsent`,
 # `ix_inbox_received`, migration 0015): a sweep with nothing past its time reads one
-# index entry, not every row kept (issue 25), whatever the planner's statistics say.
+# index entry, not every row kept, whatever the planner's statistics say.
 _SWEEPS = (
     (
         "sent outbox rows",

@@ -25,19 +25,21 @@ GRANTS = {
     ),
     # The operator's console reads everything and records what it did with parked messages.
     "console": ("INSERT ON dead_letter_actions",),
-    # A step names its transcript (claim-check); the model-step reads it, nothing else.
-    "model-step": ("SELECT ON transcript, alembic_version",),
+    # A step names its transcript and its tool menu (claim-check); the model-step reads them, nothing else.
+    "model-step": ("SELECT ON transcript, tool_menus, alembic_version",),
     "tool-executor": (
         # The grants: a call authorized by a remembered approval runs only if its grant is live.
         "SELECT ON tool_calls, approval_requests, decisions, grants, alembic_version",
         "SELECT, INSERT, UPDATE ON execution_claims",
     ),
-    # The HTTP gateway reads what the ledger committed and writes nothing (services/gateway):
+    # The HTTP gateway reads what the ledger committed and writes none of it (services/gateway):
     # cards, sessions and their transcripts, the events it streams (the outbox), the
     # verdicts on the responses it sent (the audit log, granted with the audit tables).
+    # It writes one table of its own: the logins it ended (logouts), pruned once expired.
     "gateway": (
         "SELECT ON sessions, turns, steps, transcript, tool_calls, approval_requests, approvals, decisions, "
-        "closures, provider_attempts, outbox, grants, alembic_version",
+        "closures, provider_attempts, outbox, grants, filed_calls, alembic_version",
+        "SELECT, INSERT, DELETE ON ended_logins",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""What `signoff status` (services/status.py) reads of the ledger's database, as the
+"""What `signoff status` (services/operations/status.py) reads of the ledger's database, as the
 console's read-only role: the backlog (the ledger's own measurement,
 shared/ledger/backlog.py) and, past one machine, each PostgreSQL server's sessions by
 role (`pg_stat_activity`, which shows any role's sessions, without their queries, to

@@ -109,6 +109,13 @@ class Turn(Base):
     reason_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     reason_text: Mapped[str | None] = mapped_column(Text, nullable=True)
     ended_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # The caller's name for the turn (`StartTurn.idempotency_key`, migration 0018), unique
+    # in its session: the ledger, not a cache, says a start was already made; and the
+    # digest of the text it started with, which a repeat must match.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    text_digest: Mapped[str | None] = mapped_column(String(100), nullable=True)
+
+    __table_args__ = (UniqueConstraint("session_id", "idempotency_key", name="ux_turns_idempotency_key"),)
 
 
 class Step(Base):
@@ -130,6 +137,18 @@ class TranscriptRow(Base):
     position: Mapped[int] = mapped_column(Integer)
     # The TranscriptEntry as JSON: role, text, tool calls or the closure it carries.
     entry: Mapped[dict[str, Any]]
+
+
+class ToolMenuRow(Base):
+    """The tools a model step offers, stored once by their digest (claim-check: a step
+    names its menu, shared/tool_menu.py). Inserted by the ledger, if absent, with the
+    first step that names it; never changed; the model-step's role may only read it."""
+
+    __tablename__ = "tool_menus"
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    # The catalogue's tool descriptions as JSON: name, description and parameters of each.
+    descriptions: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime]
 
 
 class ToolCall(Base):
@@ -253,7 +272,7 @@ class Decision(Base):
 
 
 class Grant(Base):
-    """A remembered approval (issue 23, section 3, migration 0014): calls of `tool` at
+    """A remembered approval (migration 0014): calls of `tool` at
     `tool_version` in `session_id`, on `target` (None: any target), that need no more
     than `approvals_required` approvers, run with no card until `expires_at` (None: for
     the rest of the session) or `revoked_at`. Made with the approval of `request_id`,
@@ -377,6 +396,49 @@ class ExecutionClaim(Base):
     authorization: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class FiledCall(Base):
+    """A call a program filed through the intake (migration 0019), beside its `tool_calls`
+    row (same id). `(program, caller_call_id)` is unique: the same call filed again, by
+    any route, finds this row and never makes a second request or card. For `runs:
+    caller`, the claim lives here: granted once (`claim_token_hash`, never the token),
+    until `lease_expires_at`; a result is taken once (`reported_at`). `verdict` is the
+    ledger's Ed25519-sealed statement of what was decided (shared/signatures.py `seal`),
+    which a caller outside the trust boundary verifies with the ledger's public key."""
+
+    __tablename__ = "filed_calls"
+    __table_args__ = (
+        UniqueConstraint("program", "caller_call_id", name="uq_filed_calls_program_call"),
+        Index(
+            "ix_filed_calls_lease",
+            "lease_expires_at",
+            postgresql_where=text("reported_at IS NULL"),
+            sqlite_where=text("reported_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = mapped_column(ForeignKey("tool_calls.id"), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
+    program: Mapped[str] = mapped_column(String(256))
+    caller_call_id: Mapped[str] = mapped_column(String(256))
+    origin: Mapped[str] = mapped_column(String(100))
+    thread: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    summary: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    # The caller's tool name (the call's own may be `<origin>/<tool>`, declared by the caller).
+    tool: Mapped[str] = mapped_column(String(128))
+    # The fingerprint of the arguments as filed: the same call id with others is refused.
+    args_fingerprint: Mapped[str] = mapped_column(String(100))
+    # signoff | caller
+    runs: Mapped[str] = mapped_column(String(16))
+    request_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    created_at: Mapped[datetime]
+    claim_token_hash: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # Who holds the claim, as its caller named itself (a host, a worker), for refusals.
+    claim_holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    reported_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    verdict: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 # A delivery is pending until it is delivered or given up.
 _PENDING = text("delivered_at IS NULL AND given_up_at IS NULL")
 
@@ -429,6 +491,20 @@ class DeadLetterAction(Base):
     # migration 0011): a console killed after recording the action and before the copy
     # left the queue finds it on its next run and finishes that action, not a second one.
     parked_at: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class EndedLogin(Base):
+    """A gateway login ended before its time (a logout): the record every gateway
+    replica checks, so the end holds whatever happens to Redis (which only caches it).
+    Written by the gateway alone (its one table: shared/ledger/gateway_logins.py); a
+    row is of no use once its session would have expired anyway, and is pruned then."""
+
+    __tablename__ = "ended_logins"
+    # The session id of the cookie (random, never the cookie itself).
+    session_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    principal: Mapped[str] = mapped_column(String(256))
+    ended_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class PublisherLeader(Base):
@@ -506,7 +582,7 @@ def from_the_first_unsent():
     since the last VACUUM; read as a bitmap (what the planner picks with no statistics),
     every poll visited all of them and their heap blocks. The min() is an index-only scan
     of `ix_outbox_unsent_id` (migration 0016), which marks those entries dead once it has
-    seen them, and the read then starts at the first unsent id (docs/performance.md, "The
+    seen them, and the read then starts at the first unsent id (docs/benchmarks.md, "The
     relay's poll and the outbox's history"). The relay's poll and the backlog gauge's
     count both take it."""
     unsent = TABLES["outbox"].alias("first_unsent")

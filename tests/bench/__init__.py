@@ -22,6 +22,11 @@ approve carrying the card's args_digest.
     driver.py    the run: arguments, phases in order, the JSON, the exit status
     adapter.py   the channel adapter (on the tests' Console) and its round trip
     levels.py    one load level: closed-loop slots, the rate window, latencies, costs
+    intake.py    the intake's level (`make bench` runs it after the others): a program's
+                 file → approve → claim → report through the gateway, round trips/s and
+                 Signoff's CPU per round trip
+    mcp_proxy.py the MCP proxy's level (`make bench` runs it last): the latency the proxy
+                 adds to an allowed call, and `ask` calls approved at once, per second
     gateway.py   the gateway level: the card from GET /v1/events, the approval by POST
                  /v1/requests/{id}/decision, beside an AMQP level of the same concurrency
     recovery.py  kill approval-ledger and publisher under pending approvals, time the recovery
@@ -29,7 +34,7 @@ approve carrying the card's args_digest.
     floors.py    what PostgreSQL and RabbitMQ alone do on this machine
     report.py    percentiles, the progress lines and the table printed at the end
 
-How each figure is taken (docs/performance.md repeats this):
+How each figure is taken (docs/benchmarks.md repeats this):
 
 - round trips/s: a closed loop of N slots is in steady state once N round trips
   have completed (about one per slot); the rate is the number of
@@ -77,9 +82,10 @@ How each figure is taken (docs/performance.md repeats this):
   newest event) and the approval POSTed (CSRF token, an Idempotency-Key); the
   rate ratio gateway/AMQP of the pair is the figure (`--gateway-runs N` pairs,
   median). The gateway's CPU per round trip is its /proc CPU over the level's
-  round trips; its CPU per second with the stream open and no traffic (3 s
-  before the level) is reported beside it, since its polls cost per second,
-  not per round trip. The target (issue 21): at most 3 ms per round trip and a
+  round trips; its CPU per second with the stream open and no traffic (5 s
+  before the level, from its threads' schedstat: nanoseconds, where utime and
+  stime count 10 ms ticks) is reported beside it, since its polls cost per second,
+  not per round trip. The target: at most 3 ms per round trip and a
   rate within 10 % of the AMQP channel's.
 - floor: 16 asyncpg connections doing BEGIN; INSERT one row; COMMIT into a
   table in the bench schema; and aio-pika with publisher confirms, 16

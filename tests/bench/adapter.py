@@ -13,7 +13,7 @@ from typing import Any
 
 import aio_pika
 
-from services.console import Console
+from services.operations.console import Console
 from shared.messages import Envelope, RespondToApproval, StartTurn, encode
 
 
@@ -62,7 +62,7 @@ class RoundTrip:
 
 
 class ChannelAdapter:
-    """The tests' client, `services.console.Console` (the harness's `Deployment.console()`),
+    """The tests' client, `services.operations.console.Console` (the harness's `Deployment.console()`),
     carries it: its connection and confirming channel, its topology, its `watch`
     queue and, for the end-of-run check, its ledger sessions. Two things are the
     adapter's own, deliberately leaner than the Console's, because the driver's CPU

@@ -1,5 +1,5 @@
 """`make bench-backlog`: what a backlog of requests waiting for a person costs
-PostgreSQL (issue 25, "Costs that grow with the backlog").
+PostgreSQL ("Costs that grow with the backlog").
 
     .venv/bin/python -m tests.bench.backlog [--pending 0,1000,5000,20000] [--rate 150]
                                            [--idle-seconds 60] [--approvals 200] [--output PATH]
@@ -155,12 +155,12 @@ def main(argv: list[str]) -> int:
 
 # --- each lever's own A/B: the statements' server time with and without its index -------------
 
-# The gauge's read before issue 25: every pending row joined to its call.
+# The gauge's read before its partial indexes: every pending row joined to its call.
 _OLD_GAUGE = (
     "SELECT c.tool, count(*), min(r.created_at), min(r.expires_at) FROM approval_requests r"
     " JOIN tool_calls c ON c.id = r.call_id WHERE r.status = 'pending' GROUP BY c.tool"
 )
-# Retention's inbox read before issue 25 (no index on received_at, no order).
+# Retention's inbox read without its time index (no index on received_at, no order).
 _OLD_INBOX = "SELECT message_id FROM inbox WHERE received_at < $1 LIMIT 500"
 
 

@@ -12,6 +12,7 @@ way switches to signoff-tools).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -67,11 +68,11 @@ def main(argv: list[str]) -> int:
     for forked in (True, False):
         socket = base / f"run-{forked}" / "launcher.sock"
         launchers[forked] = socket, subprocess.Popen(
-            [sys.executable, "-m", "services.tool_launcher", "--socket", str(socket), "--client", "0",
+            [sys.executable, "-m", "services.operations.tool_launcher", "--socket", str(socket), "--client", "0",
              "--tools-dir", str(base / "tools")], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "SIGNOFF_TOOL_FORK_SERVER": str(forked).lower()})
         stdout = launchers[forked][1].stdout
-        assert stdout is not None and stdout.readline().startswith("tool-launcher ready")
+        assert stdout is not None and json.loads(stdout.readline())["message"].startswith("tool-launcher ready")
     folder = base / "direct"
     ways = [(f"{where} {'forked' if forked else 'fresh'}", forked, launchers[forked][0] if where == "launcher" else None)
             for where in ("direct", "launcher") for forked in (True, False)]

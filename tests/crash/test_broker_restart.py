@@ -14,7 +14,11 @@ from shared.ledger.tables import Closure, Session
 from shared.messages import mint
 from tests.harness import SERVICES, eventually, free_port, rows, start_and_wait_for_approval
 
-pytestmark = [pytest.mark.crash, pytest.mark.broker_restart]
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.broker_restart,
+    pytest.mark.slow(reason="the shared RabbitMQ is restarted and its queues recovered"),
+]
 
 
 def rabbitmqctl(*args: str) -> None:
@@ -30,7 +34,7 @@ async def test_a_rabbitmq_restart_between_approval_and_execution_loses_nothing(p
     deployment.start()
 
     def readiness() -> dict[str, int]:
-        """Each service's /readyz answer (issue 15: unready while the broker is gone)."""
+        """Each service's /readyz answer (unready while the broker is gone)."""
         answers = {}
         for service, port in deployment.metrics_ports.items():
             try:

@@ -14,7 +14,11 @@ import pytest
 from shared.messages import RespondToApproval, mint
 from tests.harness import assert_nothing_left_in_any_queue, next_event, start_and_wait_for_approval
 
-pytestmark = [pytest.mark.crash, pytest.mark.database_outage]
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.database_outage,
+    pytest.mark.slow(reason="PostgreSQL is stopped for a minute mid-flow"),
+]
 OUTAGE_SECONDS = 60
 
 

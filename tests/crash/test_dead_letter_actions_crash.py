@@ -1,5 +1,5 @@
 """An operator's action on a parked message is recorded before the message leaves the
-dead-letter queue (issue 20, item 10): `signoff dead-letters drop|replay` is SIGKILLed
+dead-letter queue: `signoff dead-letters drop|replay` is SIGKILLed
 at the fault point between the two (`console.after_record`, shared/faults.py). The
 action is on record and the message is still parked; run again, the command finishes
 the action on record (for that very parking) instead of recording or doing it twice."""
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.crash
 
 def signoff(deployment, *args: str, faults: str = "") -> subprocess.CompletedProcess:
     env = deployment.env() | ({"SIGNOFF_FAULTS": faults} if faults else {})
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, cwd=PROJECT_ROOT,
+    return subprocess.run([sys.executable, "-m", "services.operations.cli", *args], env=env, cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -48,6 +48,7 @@ async def still_parked(check, message_id: str) -> None:
                              "it: it was acknowledged before its action was recorded") from None
 
 
+@pytest.mark.slow(reason="three `signoff` processes, each a Python start-up, one killed mid-action and waited out")
 async def test_a_drop_killed_after_its_record_leaves_the_message_parked_and_a_rerun_drops_it_recorded_once(
     deployment,
 ):

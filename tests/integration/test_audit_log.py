@@ -10,7 +10,6 @@ import contextlib
 import json
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 from sqlalchemy import func, select, text
@@ -18,14 +17,15 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.ledger.tables import AuditEntry, AuditLink
-from shared.settings import PROJECT_ROOT, Settings
+from shared.settings import Settings
 from shared.messages import RespondToApproval, StartTurn, mint
 from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
+from tests.integration.test_command_line import signoff_in_process
 
 
 def signoff(deployment, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    """`signoff audit …` as a person runs it (its main in this process: the exit code and both outputs)."""
+    return signoff_in_process(deployment, *args)
 
 
 async def verified(deployment) -> str:

@@ -1,4 +1,4 @@
-"""Costs that stay flat as the backlog grows (issue 25): with thousands of requests
+"""Costs that stay flat as the backlog grows: with thousands of requests
 waiting, in tables autovacuum never touched and never analyzed (as on the machines
 that run Signoff), the sweeps, the approval path's per-session reads and the pending
 gauge read the partial indexes of pending rows by their shape; the gauge's count,

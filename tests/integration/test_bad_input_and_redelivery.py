@@ -8,13 +8,13 @@ import aio_pika
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from shared.ledger.tables import Decision, InboxRow, OutboxRow
+from shared.ledger.tables import ApprovalRequest, Decision, InboxRow, OutboxRow, TranscriptRow
 from shared.messages import RespondToApproval, StartTurn, mint
 from shared.consuming import NO_MESSAGE_ID
 from shared.dead_letters import DETAIL_HEADER, REASON_HEADER
 from shared.provisioning import management_api
 from shared.settings import Settings
-from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, start_and_wait_for_approval
+from tests.harness import POSTGRES_URL, SERVICES, eventually, next_event, rows, start_and_wait_for_approval
 
 
 async def test_a_redelivered_response_executes_the_tool_once_even_with_redis_flushed(deployment, sink):
@@ -96,6 +96,29 @@ async def test_a_denied_call_closes_with_the_persons_reason_and_never_runs(deplo
         assert (closed.kind, closed.reason_text) == ("denied", "not on a Friday")
         await next_event(events, "turn.completed")
     assert sink.counts["/sink"] == 0
+
+
+async def test_a_call_answered_in_the_tools_place_never_runs_and_the_model_reads_the_answer_as_its_result(
+    deployment, sink
+):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.start()
+    session_id = mint("ses")
+    async with deployment.console() as console:
+        events, requested = await start_and_wait_for_approval(console, session_id)
+        await console.respond(requested.request_id, "respond", "", "Already posted by hand; say so.", "tester")
+        closed = await next_event(events, "tool.closed")
+        assert (closed.kind, closed.reason_code) == ("answered", "answered_by_person")
+        await next_event(events, "turn.completed")
+    assert sink.counts["/sink"] == 0
+    [request] = await rows(deployment, ApprovalRequest, session_id=session_id)
+    assert request.status == "answered"
+    transcript = [r.entry for r in sorted(await rows(deployment, TranscriptRow, session_id=session_id),
+                                          key=lambda r: r.position)]
+    answers = [e for e in transcript if e["role"] == "tool"]
+    assert [(e["text"], e["closure"]) for e in answers] == [("Already posted by hand; say so.", "answered")]
+    # Said once, as the tool's result: no note besides it.
+    assert not any("with their decision" in (e.get("text") or "") for e in transcript)
 
 
 async def test_a_message_that_fails_validation_is_dead_lettered_with_its_reason_and_the_next_is_processed(

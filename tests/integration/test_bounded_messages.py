@@ -1,4 +1,4 @@
-"""Bounded messages, unbounded results kept (issue 12; docs/design.md, "Bounded
+"""Bounded messages, unbounded results kept (docs/design.md, "Bounded
 messages"): a model step names its transcript instead of carrying it, so the bytes the
 ledger stores per step stay flat however long a session grows; a tool result larger
 than any message is kept whole in the ledger and reaches the model truncated, saying so."""
@@ -80,6 +80,7 @@ TURNS, STEPS_PER_TURN = 10, 50
 
 # 500 model steps and 450 tool calls take a minute or two on a busy machine: past the suite's 120 s default.
 @pytest.mark.timeout(900)
+@pytest.mark.slow(reason="a 500-step session: 500 model steps and 450 tool calls through every service")
 async def test_a_500_step_session_stores_the_same_bytes_per_step_late_as_early(pg_deployment, tmp_path):
     deployment = pg_deployment
     deployment.script_file = long_script(tmp_path / "long.yaml", turns=TURNS, steps_per_turn=STEPS_PER_TURN)

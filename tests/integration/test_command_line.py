@@ -1,10 +1,15 @@
 """The `signoff` command line, as a person at a terminal uses it, against running services."""
 
 import asyncio
+import contextlib
+import io
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
+from unittest import mock
 
 from shared.ledger.tables import DeadLetterAction, Decision, ProviderAttemptRow, Session
 from shared.messages import RespondToApproval, StartTurn, mint
@@ -21,9 +26,37 @@ from tests.harness import (
 
 
 def signoff(deployment, *args: str, check: bool = True, answer: str = "") -> str:
-    """Run `signoff` as a person at a terminal would, typing `answer` when it asks."""
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
+    """Run `signoff` as a person at a terminal would, typing `answer` when it asks (the operators'
+    dead-letter commands below run through `signoff_here`: what they show and do, not how they start)."""
+    result = subprocess.run([sys.executable, "-m", "services.operations.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
                             capture_output=True, text=True, timeout=60, input=answer)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+_here = threading.Lock()
+
+
+def signoff_in_process(deployment, *args: str) -> subprocess.CompletedProcess:
+    """`signoff`'s own `main` run in this process, with the deployment's environment: for a test
+    of what a command shows or does, not of how it starts (a Python start-up per command is
+    most of the cost of a test that runs many). One at a time: the environment is the process's."""
+    from services.operations import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with _here, mock.patch.dict(os.environ, deployment.env(), clear=True), \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(["signoff", *args], code or 0, stdout.getvalue(), stderr.getvalue())
+
+
+def signoff_here(deployment, *args: str, check: bool = True) -> str:
+    """`signoff_in_process`'s output (stdout and stderr), as `signoff` gives it."""
+    result = signoff_in_process(deployment, *args)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
@@ -76,11 +109,11 @@ async def test_an_operator_lists_dead_letters_once_each_with_their_reasons_and_t
                                                 user_id=console.user), routing_key="approval.respond")
 
     async def both_parked():
-        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
         return listed if "junk-2" in listed else None
 
     listed = await eventually(both_parked)
-    again = await asyncio.to_thread(signoff, deployment, "dead-letters")
+    again = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
     for listing in (listed, again):  # listing does not consume them, nor repeat one
         lines = listing.splitlines()
         assert lines[0] == f"2 dead-lettered message(s) in {deployment.namespace}.dead-letters"
@@ -105,7 +138,7 @@ async def test_a_message_that_fails_on_every_delivery_is_parked_with_the_reason_
         await console.respond(requested.request_id, "approve", "", "", "tester")
 
     async def parked():
-        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
         return listed if "delivery_limit" in listed else None
 
     lines = (await eventually(parked)).splitlines()
@@ -133,19 +166,19 @@ async def test_an_operator_replays_a_parked_response_after_the_fault_is_lifted_a
         response_id = await console.respond(requested.request_id, "approve", "", "", "tester")
 
         async def parked():
-            listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+            listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
             return listed if "delivery_limit" in listed else None
 
         assert response_id in await eventually(parked)
         deployment.kill("approval-ledger")
         deployment.start("approval-ledger")
-        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", response_id, "--as", "olga",
-                                           "--reason", "the ledger is fixed")
+        replayed = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "replay", response_id,
+                                           "--as", "olga", "--reason", "the ledger is fixed")
         assert replayed.startswith(f"replayed {response_id}  type=approval.respond session={session_id}"), replayed
         decided = await next_event(events, "approval.decided", timeout=30)
         assert (decided.request_id, decided.responder) == (requested.request_id, "tester")
         await next_event(events, "turn.completed", timeout=30)
-        again = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", response_id, check=False)
+        again = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "replay", response_id, check=False)
         assert f"no parked message {response_id}" in again
         await assert_nothing_left_in_any_queue(console, deployment.namespace)
     assert sink.counts["/sink"] == 1
@@ -167,23 +200,23 @@ async def test_an_operator_drops_parked_messages_with_a_reason_that_the_ledger_k
             await exchange.publish(aio_pika.Message(b"{not json", message_id=junk), routing_key="approval.respond")
 
     async def all_parked():
-        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
         return listed if listed.startswith("3 dead-lettered") else None
 
     await eventually(all_parked)
     # Nothing to replay it as: it names no message type.
-    refused = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", "junk-1", check=False)
+    refused = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "replay", "junk-1", check=False)
     assert "junk-1: not replayed: its body names no message type" in refused
-    missing = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "junk-1", check=False)
+    missing = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "drop", "junk-1", check=False)
     assert "--reason" in missing, "a drop needs a reason"
-    dropped = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "junk-2", "--reason",
+    dropped = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "drop", "junk-2", "--reason",
                                       "garbage from a load test", "--as", "olga")
     assert dropped.startswith("dropped junk-2  type=? session=?  (parked: invalid)"), dropped
-    listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+    listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
     assert listed.startswith("2 dead-lettered") and "junk-1" in listed and "junk-3" in listed, listed
-    rest = await asyncio.to_thread(signoff, deployment, "dead-letters", "drop", "--all", "--reason", "all garbage")
+    rest = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "drop", "--all", "--reason", "all garbage")
     assert rest.splitlines()[-1] == "2 message(s) dropped", rest
-    assert (await asyncio.to_thread(signoff, deployment, "dead-letters")).startswith("0 dead-lettered")
+    assert (await asyncio.to_thread(signoff_here, deployment, "dead-letters")).startswith("0 dead-lettered")
     actions = {a.message_id: a for a in await rows(deployment, DeadLetterAction, action="dropped")}
     assert set(actions) == {"junk-1", "junk-2", "junk-3"}
     assert (actions["junk-2"].reason, actions["junk-2"].operator) == ("garbage from a load test", "olga")
@@ -205,11 +238,11 @@ async def test_a_replayed_model_step_report_reaches_the_ledger_as_the_model_step
         await console.send(StartTurn(session_id=session_id, text="what time is it"))
         failed = await next_event(events, "turn.failed", timeout=60)
         assert failed.reason_code == "message_parked"
-        listed = await asyncio.to_thread(signoff, deployment, "dead-letters")
+        listed = await asyncio.to_thread(signoff_here, deployment, "dead-letters")
         [report_id] = re.findall(r"  (\S+)  type=step.completed ", listed)
         deployment.kill("approval-ledger")
         deployment.start("approval-ledger")
-        replayed = await asyncio.to_thread(signoff, deployment, "dead-letters", "replay", "--all")
+        replayed = await asyncio.to_thread(signoff_here, deployment, "dead-letters", "replay", "--all")
         assert replayed.splitlines()[-1] == "1 message(s) replayed", replayed
 
         async def discarded():

@@ -1,4 +1,4 @@
-"""Fuzzing every consumer (issue 12; docs/design.md, invariant 9): random and mutated
+"""Fuzzing every consumer (docs/design.md, invariant 9): random and mutated
 messages published to every inbound queue crash no service, block no queue and
 change no state, beyond a typed answer (a dead letter with its reason, a
 `message.rejected`, an `operator.alerted`); real sessions beside them complete.
@@ -45,7 +45,7 @@ import aio_pika
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from services.console import dead_letters
+from services.operations.parked import dead_letters
 from shared.ledger.transcripts import EMPTY as EMPTY_TRANSCRIPT
 from shared.messages import mint
 from tests.fuzzing import BATCH, FuzzRun, batches, message_count

@@ -19,6 +19,10 @@ from shared.settings import Settings
 from tests.gateway_client import PASSWORD, PEOPLE, GatewayClient
 from tests.harness import eventually, next_event, rows
 
+# What the gateway alone checks, before anything reaches the ledger (a login, a token, a header):
+# one store is enough, and SQLite is the cheaper one to set up.
+gateway_alone = pytest.mark.parametrize("store", ["sqlite"])
+
 
 def add_people(deployment) -> None:
     # A loaded test machine may take the ledger longer than the default 5 s to decide;
@@ -110,17 +114,36 @@ async def nothing_decided(deployment, card: dict, sink, path: str) -> None:
     assert sink.counts[path] == 0
 
 
-async def test_a_person_who_is_not_an_approver_is_refused_with_the_ledgers_reason_and_nothing_changes(gateway, sink):
+async def test_a_person_who_may_not_approve_a_card_may_not_deny_it_and_a_hidden_card_answers_as_a_missing_one(
+        gateway, sink):
     async with GatewayClient(url(gateway)) as sam, GatewayClient(url(gateway)) as mallory:
         await sam.login("sam")
         await mallory.login("mallory")
-        session_id = await start(sam, "reviewed")
+        session_id = await start(sam, "reviewed")  # alice, bob and carol approve it
         card = await pending_card(sam, session_id)
-        refused = problem(await mallory.decide(card["id"]), 403, "not-an-approver")
-        assert refused["reason_code"] == "not_an_approver" and "mallory" in refused["detail"]
+        # Mallory may neither see nor approve it: every door answers as for a card that does not exist.
+        for request_id in (card["id"], "apr_nosuchrequest"):
+            path = f"/v1/requests/{request_id}"
+            answers = [
+                await mallory.get(path),
+                await mallory.decide(request_id),
+                await mallory.decide(request_id, "deny", key="stop-it", reason="no"),
+                await mallory.get(f"{path}/decision/msg_{'0' * 60}"),
+            ]
+            documents = [problem(answer, 404, "not-found") for answer in answers]
+            if request_id == card["id"]:
+                hidden = documents
+        assert hidden == documents
+        assert await rows(gateway, AuditEntry, session_id=session_id, kind="response.rejected") == []
+        # Sam started the session and sees the card, but is not among its approvers: the ledger
+        # refuses his denial as it refuses his approval.
+        refused = problem(await sam.decide(card["id"], "deny", reason="changed my mind"), 403, "not-an-approver")
+        assert refused["reason_code"] == "not_an_approver" and "sam" in refused["detail"]
+        problem(await sam.decide(card["id"]), 403, "not-an-approver")
         await nothing_decided(gateway, card, sink, "/reviewed")
-        [rejected] = await rows(gateway, AuditEntry, session_id=session_id, kind="response.rejected")
-        assert (rejected.actor, rejected.detail["channel"]) == ("mallory", "gateway")
+        rejected = await rows(gateway, AuditEntry, session_id=session_id, kind="response.rejected")
+        assert sorted((r.actor, r.detail["decision"], r.detail["channel"]) for r in rejected) == [
+            ("sam", "approve", "gateway"), ("sam", "deny", "gateway")]
 
 
 async def test_the_starter_is_refused_for_a_tool_that_forbids_it_and_two_people_complete_a_two_approver_tool(
@@ -193,11 +216,12 @@ async def test_the_same_idempotency_key_twice_and_two_keys_racing_make_one_decis
         once = await alice.decide(card["id"], key="approve-once")
         again = await alice.decide(card["id"], key="approve-once")
         assert once.status_code == again.status_code == 200 and once.json() == again.json()
-        # The same key for another decision is refused, and sends nothing.
+        # The same key again sent nothing again.
+        assert len(await rows(gateway, InboxRow, session_id=card["session_id"], message_type="approval.respond")) == 1
+        # The same key for another decision is refused.
         problem(await alice.decide(card["id"], "deny", key="approve-once"), 422, "idempotency-key-reused")
         [decision] = await rows(gateway, Decision, request_id=card["id"])
         assert decision.response_id == once.json()["response_id"]
-        assert len(await rows(gateway, InboxRow, session_id=card["session_id"], message_type="approval.respond")) == 1
 
         raced = await pending_card(alice, await start(alice, "reviewed"))
         answers = await asyncio.gather(alice.decide(raced["id"], key="race-1"), bob.decide(raced["id"], key="race-2"))
@@ -209,6 +233,69 @@ async def test_the_same_idempotency_key_twice_and_two_keys_racing_make_one_decis
     assert len(await rows(gateway, Decision, request_id=raced["id"])) == 1
     await asyncio.sleep(0.5)
     assert sink.counts["/reviewed"] == 2
+
+
+async def test_an_idempotency_key_reused_with_another_body_or_on_another_request_is_refused_422_and_decides_nothing(
+        gateway, sink):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        other = await pending_card(alice, await start(alice, "reviewed"))
+        first = await alice.decide(card["id"], key="once", message="first")
+        assert first.status_code == 200, first.text
+        reused = [
+            await alice.decide(card["id"], key="once", message="second"),
+            await alice.decide(card["id"], key="once", message="first", args_digest="0" * 64),
+            await alice.decide(card["id"], key="once", message="first", arguments={"message": "edited"}),
+            await alice.decide(other["id"], key="once", message="first"),
+        ]
+        for answer in reused:
+            problem(answer, 422, "idempotency-key-reused")
+        # The same body again is the first answer, not a refusal.
+        again = await alice.decide(card["id"], key="once", message="first")
+        assert again.status_code == 200 and again.json() == first.json()
+        await eventually(lambda: _async(sink.counts["/reviewed"] == 1))
+    [still] = await rows(gateway, ApprovalRequest, id=other["id"])
+    assert still.status == "pending" and await rows(gateway, Decision, request_id=other["id"]) == []
+    [decision] = await rows(gateway, Decision, request_id=card["id"])
+    assert (decision.response_id, decision.message) == (first.json()["response_id"], "first")
+
+
+@gateway_alone
+async def test_every_answer_says_nosniff_cards_are_not_kept_and_odd_csrf_tokens_or_event_ids_are_problems(gateway):
+    async with GatewayClient(url(gateway)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "reviewed"))
+        answers = {
+            "card": await alice.get(f"/v1/requests/{card['id']}"),
+            "cards": await alice.get("/v1/requests"),
+            "problem": await alice.get("/v1/requests/apr_nosuchrequest"),
+            "openapi": await alice.get("/v1/openapi.json"),
+            "script": await alice.get("/inbox/static/inbox.js"),
+            "unmatched": await alice.get("/v1/nowhere"),
+        }
+        for name, answer in answers.items():
+            assert answer.headers.get("x-content-type-options") == "nosniff", (name, answer.headers)
+        for name in ("card", "cards", "problem"):
+            assert answers[name].headers.get("cache-control") == "no-store", name
+        path = f"/v1/requests/{card['id']}/decision"
+        # A CSRF token with letters outside ASCII, as a header and as the inbox form's field.
+        for token in ("é".encode(), "\u202e".encode(), b"\xff\xfe"):
+            problem(await alice.post(path, {"decision": "deny", "reason": "x"},
+                                     headers={"Idempotency-Key": "odd", "X-CSRF-Token": token}), 403, "csrf")
+        page = await alice.http.post(f"/inbox/requests/{card['id']}/decision",
+                                     data={"csrf_token": "tökén", "decision": "deny", "reason": "x",
+                                           "idempotency_key": "odd-form"},
+                                     headers=alice.headers(csrf=False, Origin=url(gateway)))
+        assert page.status_code == 403 and page.headers.get("x-content-type-options") == "nosniff", page.text
+        for event_id in (b"10000000000000000000000000.1", b"10^25.1", b"+7.1", b"1_0.1", b"07.1", b"7.-1",
+                         "\u0663.1".encode(), b"9223372036854775808.1"):
+            # Streamed: an id taken for good would open a stream that never ends.
+            headers = {**alice.headers(csrf=False), "Last-Event-ID": event_id}
+            async with alice.http.stream("GET", "/v1/events", headers=headers) as answer:
+                assert answer.status_code == 400, (event_id, answer.status_code)
+                await answer.aread()
+                problem(answer, 400, "bad-event-id")
 
 
 async def chunks(*sizes: int):
@@ -376,6 +463,7 @@ async def test_a_stream_from_now_replays_nothing_and_its_first_id_resumes_with_n
     assert [event_id for event_id, _, _ in seen][0] not in history
 
 
+@gateway_alone
 async def test_login_attempts_are_limited_per_user_across_two_replicas(gateway):
     gateway.start("gateway#2")
     replicas = [url(gateway), url(gateway, "gateway#2")]
@@ -393,7 +481,7 @@ async def test_login_attempts_are_limited_per_user_across_two_replicas(gateway):
 async def test_the_gateway_key_speaks_only_for_the_gateways_users(gateway, sink):
     """A stolen gateway key and broker password still cannot approve as someone who is not
     one of its users: its channel entry lists exactly them, and the ledger refuses the rest."""
-    from services.console import Console
+    from services.operations.console import Console
     from shared.messages import RespondToApproval
 
     async with GatewayClient(url(gateway)) as sam:

@@ -1,4 +1,4 @@
-"""Approval that depends on the arguments (issue 23, section 4) and edit before approve
+"""Approval that depends on the arguments and edit before approve
 (section 2) on the real services and the gateway, on both stores: a refund of 20 runs
 with no card, one of 5,000 needs two approvers, and the card (API, inbox page) and the
 audit log say why; an approval with edited arguments runs exactly them, and forged
@@ -7,7 +7,9 @@ edits are refused with nothing run."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 
 import pytest
 import yaml
@@ -138,3 +140,74 @@ async def test_the_inbox_card_page_offers_the_editable_fields_and_its_edit_form_
         assert sent.status_code == 303, sent.text
         await eventually(lambda: asyncio.sleep(0, sink.counts["/refunds"] == 1), 30)
     assert json.loads(sink.requests[-1]["body"]) == {"amount": 700, "customer": "c-2"}
+
+
+HOSTILE = "c\u202e-2 \u2066x\u2069\u200by\ufeff"
+
+
+async def test_the_edit_form_shows_invisible_and_reordering_characters_as_escapes_and_sent_unchanged_keeps_them(
+        deployment, sink):
+    deployment.extra_env["SINK_URL"] = sink.url
+    deployment.tools_file = tools_with_a_refund_rule(deployment)
+    catalogue = yaml.safe_load(deployment.tools_file.read_text())
+    next(t for t in catalogue["tools"] if t["name"] == "refund")["editable"] = ["amount", "customer"]
+    deployment.tools_file.write_text(yaml.safe_dump(catalogue))
+    add_people(deployment)
+    deployment.start()
+    deployment.start("gateway")
+    async with GatewayClient(url(deployment)) as alice:
+        await alice.login("alice")
+        card = await pending_card(alice, await start(alice, "refund-hostile"))
+        assert card["arguments"]["customer"] == HOSTILE
+        page = (await alice.get(f"/inbox/requests/{card['id']}")).text
+        [value] = re.findall(r'name="arg\.customer" value="([^"]*)"', page)
+        shown = html.unescape(value)
+        assert shown == "c\\u202e-2 \\u2066x\\u2069\\u200by\\ufeff"
+        assert not any(char in page for char in "\u202e\u2066\u2069\u200b\ufeff")
+        # Sent back as shown, the field is unchanged: the call runs with the name as the model wrote it.
+        sent = await alice.http.post(
+            f"/inbox/requests/{card['id']}/decision",
+            data={"csrf_token": alice.csrf, "idempotency_key": "edit-1", "decision": "approve", "edit": "1",
+                  "args_digest": card["args_digest"], "arg.amount": "700", "arg.customer": shown},
+            headers=alice.headers(csrf=False, Origin=url(deployment)),
+        )
+        assert sent.status_code == 303, sent.text
+        await eventually(lambda: asyncio.sleep(0, sink.counts["/refunds"] == 1), 30)
+    assert json.loads(sink.requests[-1]["body"]) == {"amount": 700, "customer": HOSTILE}
+
+
+async def test_one_answer_in_the_tools_place_closes_a_request_that_needs_two_approvers_and_nothing_runs(gateway, sink):
+    async with GatewayClient(url(gateway)) as alice, GatewayClient(url(gateway)) as bob:
+        await alice.login("alice")
+        await bob.login("bob")
+        large = await start(alice, "refund-large")
+        card = await pending_card(alice, large)
+        first = (await alice.decide(card["id"])).json()
+        assert (first["decided"], first["approvals"]) == (False, 1)
+        assert 'id="respond-form"' in (await bob.get(f"/inbox/requests/{card['id']}")).text
+
+        def answered(idempotency_key: str, message: str):
+            return bob.http.post(
+                f"/inbox/requests/{card['id']}/decision",
+                data={"csrf_token": bob.csrf, "idempotency_key": idempotency_key, "decision": "respond",
+                      "message": message},
+                headers=bob.headers(csrf=False, Origin=url(gateway)),
+            )  # fmt: skip
+
+        empty = await answered("answer-0", "  ")
+        assert empty.status_code == 422 and "Write your answer" in empty.text
+        problem(await bob.decide(card["id"], "respond"), 422, "invalid")  # the API: no message, no answer
+        sent = await answered("answer-1", "Refunded by cheque last week; nothing to pay.")
+        assert sent.status_code == 303, sent.text
+        await eventually(lambda: _request_is(gateway, card["id"], "answered"), 30)
+    assert sink.counts["/refunds"] == 0
+    [decision] = await rows(gateway, Decision, request_id=card["id"])
+    assert (decision.decision, decision.responder) == ("respond", "bob")
+    [closed] = [e for e in await audit_of(gateway, large) if e.kind == "call.closed"]
+    assert (closed.detail["closed_as"], closed.detail["reason_text"]) == (
+        "answered", "Refunded by cheque last week; nothing to pay.")
+
+
+async def _request_is(deployment, request_id: str, status: str) -> bool:
+    [request] = await rows(deployment, ApprovalRequest, id=request_id)
+    return request.status == status

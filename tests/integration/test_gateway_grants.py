@@ -1,4 +1,4 @@
-"""Approve and remember (issue 23, section 3) on the real services and the gateway, on
+"""Approve and remember on the real services and the gateway, on
 both stores: an approval remembered for this target runs the session's next matching
 call with no card, not one on another target nor in another session; a revocation
 makes the next call ask again; and forged remembers (a tool that may not be
@@ -177,10 +177,8 @@ async def test_forged_remembers_and_a_forged_grant_basis_are_refused_and_nothing
     assert sink.counts["/refunds"] == 1
 
 
-# Five `signoff` processes, each a Python start-up: past the default 120 s on a loaded machine.
-@pytest.mark.timeout(300)
 async def test_signoff_grants_lists_a_sessions_grants_and_revokes_one_and_the_audit_story_tells_it(gateway, sink):
-    from tests.integration.test_command_line import signoff
+    from tests.integration.test_command_line import signoff_here as signoff
 
     async with GatewayClient(url(gateway)) as alice:
         await alice.login("alice")

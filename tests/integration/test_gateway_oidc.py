@@ -1,7 +1,8 @@
 """OpenID Connect logins at the gateway (authorization code + PKCE), a real gateway process
 against a small OIDC provider on loopback (tests/oidc_provider.py: its own RSA key,
 discovery, JWKS, authorize and token endpoints): a real HTTP exchange and a real
-signature check, on both stores."""
+signature check. A login on both stores; what only the gateway checks (the token, where the
+browser goes next) on SQLite alone, the store playing no part in it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from services.gateway import users
 from shared.ledger.tables import Decision
 from tests.gateway_client import GatewayClient
 from tests.harness import free_port
-from tests.integration.test_gateway import add_people, pending_card, start, url
+from tests.integration.test_gateway import add_people, gateway_alone, pending_card, start, url
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, Provider
 
 # The configured principal claim: not `preferred_username`, to show the setting is what counts.
@@ -98,6 +99,7 @@ async def rows_of(deployment, request_id):
 
 
 @pytest.mark.parametrize("tamper", ["expired", "audience", "signature"])
+@gateway_alone
 async def test_an_expired_id_token_a_wrong_audience_and_a_bad_signature_are_refused_and_log_nobody_in(
         gateway, provider, tamper):
     provider.next_login = {CLAIM: "olivia"}
@@ -127,6 +129,7 @@ async def test_an_oidc_login_refuses_a_wrong_state_and_a_claim_naming_a_password
 
 @pytest.mark.parametrize("asked", ["/v1/requests?status=pending", "//evil.example/x", "https://evil.example/",
                                    "/\\evil.example", "javascript:alert(1)"])
+@gateway_alone
 async def test_an_oidc_login_sends_the_browser_on_to_a_page_of_this_gateway_and_never_to_another_site(
         gateway, provider, asked):
     provider.next_login = {CLAIM: "olivia"}

@@ -17,7 +17,15 @@ from services.gateway import programs
 from shared.ledger.tables import AuditEntry, Decision, Session
 from tests.gateway_client import GatewayClient
 from tests.harness import eventually, rows
-from tests.integration.test_gateway import add_people, nothing_decided, pending_card, problem, start, url
+from tests.integration.test_gateway import (
+    add_people,
+    gateway_alone,
+    nothing_decided,
+    pending_card,
+    problem,
+    start,
+    url,
+)
 
 BOT = "ci-bot"
 
@@ -113,6 +121,7 @@ async def test_a_token_with_requests_decide_approves_only_where_the_tools_approv
     assert (rejected.actor, rejected.detail["reason_code"]) == ("bot:ci-bot", "not_an_approver")
 
 
+@gateway_alone
 async def test_a_revoked_or_wrong_token_gets_401_and_no_token_appears_in_the_logs(gateway, sink):
     keys = gateway.data_dir / "keys"
     token = make_token(gateway, BOT, "sessions:start,requests:read,requests:decide")
@@ -142,6 +151,7 @@ async def _true(value):
     return value
 
 
+@gateway_alone
 async def test_an_expired_token_gets_401_and_sends_nothing(gateway, sink):
     users_file = gateway.data_dir / "keys" / "gateway" / "users.yaml"
     async with GatewayClient(url(gateway)) as alice:
@@ -160,6 +170,7 @@ async def test_an_expired_token_gets_401_and_sends_nothing(gateway, sink):
     assert await rows(gateway, AuditEntry, session_id=card["session_id"], kind="response.rejected") == []
 
 
+@gateway_alone
 async def test_failed_tokens_from_one_address_are_limited_across_two_replicas_a_right_token_included(deployment):
     gateway = deployment
     gateway.extra_env["SIGNOFF_GATEWAY_TOKEN_FAILURES_PER_ADDRESS"] = "3"

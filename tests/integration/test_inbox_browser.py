@@ -1,6 +1,7 @@
 """The web inbox (services/gateway/inbox.py) in a real browser: Debian's headless Chromium,
 driven by selenium through chromedriver (tests/install_chromium.sh; `make test` installs
-them), against a real gateway beside the four real services, on both stores.
+them), against a real gateway beside the four real services, on both stores (what the page alone
+decides, its keys, contrast and forms, on SQLite alone).
 
 Each test saves screenshots under artifacts/inbox/ (ignored by git) as it goes, so a
 failure can be looked at; README.md shows two of them, copied into docs/ from a run."""
@@ -23,7 +24,7 @@ from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision
 from shared.messages import mint
 from tests.gateway_client import PASSWORD, GatewayClient
 from tests.harness import eventually, rows
-from tests.integration.test_gateway import add_people, pending_card, start, url
+from tests.integration.test_gateway import add_people, gateway_alone, pending_card, start, url
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "inbox"
@@ -385,6 +386,7 @@ def tab_to(browser: Browser, element_id: str, most: int = 40) -> int:
     raise AssertionError(f"Tab never reached #{element_id}")
 
 
+@gateway_alone
 async def test_the_whole_approval_works_from_the_keyboard_alone(gateway, sink, browsers, store):
     from selenium.webdriver.common.keys import Keys
 
@@ -451,6 +453,7 @@ return Array.from(document.querySelectorAll('input:not([type=hidden]), textarea,
 """
 
 
+@gateway_alone
 async def test_every_text_on_the_inbox_passes_wcag_aa_contrast_and_every_control_has_a_label(
         gateway, sink, browsers, store):
     async with GatewayClient(url(gateway)) as sam:
@@ -482,6 +485,7 @@ async def test_every_text_on_the_inbox_passes_wcag_aa_contrast_and_every_control
     assert any(t["tag"] == "H1" and t["ratio"] < t["needed"] for t in alice.driver.execute_script(CONTRAST))
 
 
+@gateway_alone
 async def test_a_forged_form_without_the_pages_digest_or_csrf_token_or_from_another_origin_changes_nothing(
         gateway, sink):
     async with GatewayClient(url(gateway)) as alice:
@@ -684,7 +688,7 @@ def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_
 
     ours = ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")  # deploy/'s, as `make run` has them
     env = {k: v for k, v in up_sqlite_deployment.env().items() if k not in ours}
-    demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
+    demo = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "demo"], env=env, cwd=PROJECT_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(demo)
     browser = None
@@ -716,4 +720,4 @@ def test_a_newcomer_opens_the_inbox_make_run_prints_asks_the_agent_and_approves_
         if browser is not None:
             browser.close()
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(30) == 0, output.text
+        assert output.exit_code() == 0, output.text

@@ -11,13 +11,14 @@ from datetime import timedelta
 
 import pytest
 
-from services.approval_ledger.domain import CANCELLED_BEFORE_RUNNING, Call, ClosureOnRecord, Note, Step, TurnSpend
+from services.approval_ledger.domain import CANCELLED_BEFORE_RUNNING, Call, ClosureOnRecord, KeyedTurn, Note, Step, TurnSpend
 from services.approval_ledger.store import Duplicate, LedgerStore
 from services.approval_ledger.store_database import database_store
 from services.approval_ledger.store_memory import MemoryDatabase
 from shared import audit
 from shared.ledger.database import migrate
-from shared.messages import StartTurn, ToolCallClosed, mint
+from shared.messages import StartTurn, ToolCallClosed, ToolDescription, mint
+from shared.tool_menu import ToolMenu
 from shared.topology import Topology
 from tests.harness import Deployment, require_services
 
@@ -27,10 +28,12 @@ TOPOLOGY = Topology("contract")
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def stores(request, tmp_path):
     """Opens a store (one transaction) on a fresh ledger of the parametrized adapter: the
-    databases' as the harness makes them (a schema or file of their own, the ledger's own role)."""
+    databases' as the harness makes them (a schema or file of their own, the ledger's own role).
+    Its transactions share what one ledger process knows of the tool menus stored;
+    `stores(menus)` opens one as another process that knows `menus`."""
     if request.param == "memory":
         database = MemoryDatabase()
-        yield lambda: database.store(TOPOLOGY)
+        yield lambda menus=None: database.store(TOPOLOGY, stored_menus=menus)
         return
     require_services(postgres=request.param == "postgres")
     deployment = Deployment(store=request.param, data_dir=tmp_path / "data")
@@ -38,7 +41,8 @@ async def stores(request, tmp_path):
         deployment.setup()
         async with deployment.engine("approval-ledger") as engine:
             await migrate(engine, deployment.settings)
-            yield lambda: database_store(engine, TOPOLOGY, None)
+            known: set[str] = set()
+            yield lambda menus=None: database_store(engine, TOPOLOGY, None, known if menus is None else menus)
     finally:
         await deployment.cleanup()
 
@@ -271,7 +275,8 @@ async def seeded(stores) -> dict:
 
 def _turn_row(session_id: str, turn_id: str, store: LedgerStore, created_at=None) -> dict:
     return {"id": turn_id, "session_id": session_id, "status": "running", "final_text": None,
-            "started_by": "ann", "created_at": created_at or store.now, "completed_at": None}
+            "started_by": "ann", "created_at": created_at or store.now, "completed_at": None,
+            "idempotency_key": f"key-{turn_id}", "text_digest": "sha256:text"}
 
 
 def _calls(session_id: str) -> list[Call]:
@@ -319,6 +324,8 @@ async def test_every_read_returns_the_same_typed_values(stores):
         assert (turn_id, latest) == ("trn_1", Step("stp_2", session_id, "trn_1", "requested"))
         assert calls == _calls(session_id)
         assert await store.turn_starter("trn_1") == "ann"
+        assert await store.turn_of_key(session_id, "key-trn_1") == KeyedTurn("trn_1", "ann", "sha256:text")
+        assert await store.turn_of_key(session_id, "key-none") is None
         assert await store.pending_tools(session_id) == [("publish_post", False)]
         assert await store.response_used("rsp_a") and await store.response_used("rsp_b")
         assert not await store.response_used("rsp_none")
@@ -418,6 +425,54 @@ async def test_a_withdrawn_request_and_a_held_back_claim_are_written_at_commit(s
         assert (claim.holder, claim.status, claim.outcome, claim.result) == (
             "ledger", "finished", "error", {"error": CANCELLED_BEFORE_RUNNING},
         )
+
+
+MENU = ToolMenu.of([
+    ToolDescription(name="send", description="Sends money, é.", parameters={"type": "object", "properties": {
+        "amount": {"type": "number", "maximum": 1e6}, "to": {"type": "string"}}}),
+    ToolDescription(name="look", description="Looks.", parameters={"type": "object", "additionalProperties": False}),
+])
+
+
+async def test_a_tool_menu_is_stored_with_the_transaction_that_keeps_it_and_known_stored_only_once_it_commits(stores):
+    session_id = mint("ses")
+    await opened(stores, session_id)
+    async with stores() as store:
+        session = await store.lock_session(session_id)
+        store.keep_tool_menu(MENU)
+        store.emit(session, ToolCallClosed(session_id=session_id, call_id="call_x", kind="output"))
+        # Rolled back: nothing stored, and not known as stored.
+    async with stores() as store:
+        assert await store.tool_menu(MENU.digest) is None
+        assert MENU.digest not in store.stored_menus
+        await store.lock_session(session_id)
+        store.keep_tool_menu(MENU)
+        store.keep_tool_menu(MENU)  # a second step of the same transaction: one row
+        await store.commit()
+    async with stores() as store:
+        assert MENU.digest in store.stored_menus
+        assert await store.tool_menu(MENU.digest) == MENU.descriptions, "read back as it was stored"
+
+
+async def test_a_tool_menu_another_ledger_stored_is_kept_again_without_failing_and_stays_as_it_was(stores):
+    session_id = mint("ses")
+    await opened(stores, session_id)
+    async with stores() as store:
+        await store.lock_session(session_id)
+        store.keep_tool_menu(MENU)
+        await store.commit()
+    # Another ledger process (or this one restarted) knows nothing: it stores the menu again, if absent.
+    other: set[str] = set()
+    async with stores(other) as store:
+        session = await store.lock_session(session_id)
+        store.keep_tool_menu(MENU)
+        store.emit(session, ToolCallClosed(session_id=session_id, call_id="call_x", kind="output"))
+        await store.settle()
+        await store.commit()
+    assert other == {MENU.digest}
+    async with stores() as store:
+        assert await store.tool_menu(MENU.digest) == MENU.descriptions
+        assert (await store.lock_session(session_id)).event_seq == 1, "the transaction that kept it committed"
 
 
 async def test_a_restarted_count_withdraws_the_requests_approvals_before_the_same_persons_new_one_goes_in(stores):

@@ -1,5 +1,4 @@
-"""The ledger believes its rows, not the messenger (docs/design.md, "Trust boundaries";
-issue 19, hole 5): a tool's result is read from the executor's finished claim, never
+"""The ledger believes its rows, not the messenger (docs/design.md, "Trust boundaries"): a tool's result is read from the executor's finished claim, never
 from a report that anyone holding the executor's broker identity (every python tool
 in it) can send; and arguments rewritten in the database (the ledger's role, or the
 SQLite file) after the person was asked never run."""

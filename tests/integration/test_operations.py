@@ -1,4 +1,4 @@
-"""What an operator watches, against a real Prometheus (issue 15): it scrapes the four
+"""What an operator watches, against a real Prometheus: it scrapes the four
 services and RabbitMQ's per-queue metrics while a session goes through an approval,
 another through a denial and a bad message is dead-lettered; the counters moved by
 exactly what happened, the pending gauge rose and fell, every queue has its depth

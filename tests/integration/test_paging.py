@@ -1,4 +1,4 @@
-"""Every list of approval requests comes a page at a time (issue 25): `signoff pending`
+"""Every list of approval requests comes a page at a time: `signoff pending`
 (a page of 20, `--page`, `--all`, by tool and by who may approve, the first to expire
 first, with how many more), and the gateway's `GET /v1/requests` (a `limit` and the
 `next` cursor), on both stores, against the real services."""
@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
-
 from shared.ledger.tables import ApprovalRequest
 from shared.messages import StartTurn, mint
 from tests.gateway_client import GatewayClient
 from tests.harness import eventually, rows
-from tests.integration.test_command_line import signoff
+from tests.integration.test_command_line import signoff_here
 from tests.integration.test_gateway import add_people, url
 
 COUNTED, REVIEWED = 21, 2
@@ -40,7 +38,6 @@ def shown(output: str) -> list[str]:
     return re.findall(r"request:\s+(apr_\w+)", output)
 
 
-@pytest.mark.timeout(600)  # a `signoff` process per look: slow to start on a loaded machine
 async def test_signoff_pending_shows_a_page_the_first_to_expire_first_and_says_how_many_more(deployment, sink):
     deployment.extra_env["SINK_URL"] = sink.url
     deployment.start("approval-ledger", "publisher", "model-step")
@@ -49,20 +46,20 @@ async def test_signoff_pending_shows_a_page_the_first_to_expire_first_and_says_h
     counted = [r.id for r in requests if r.tool == "count"]
     reviewed = [r.id for r in requests if r.tool == "post_reviewed"]
 
-    first = await asyncio.to_thread(signoff, deployment, "pending")
+    first = await asyncio.to_thread(signoff_here, deployment, "pending")
     assert shown(first) == expiring[:20]
     assert "3 more; --all or --page 2" in first
-    second = await asyncio.to_thread(signoff, deployment, "pending", "--page", "2")
+    second = await asyncio.to_thread(signoff_here, deployment, "pending", "--page", "2")
     assert shown(second) == expiring[20:] and "more;" not in second
-    small = await asyncio.to_thread(signoff, deployment, "pending", "--page-size", "5", "--page", "4")
+    small = await asyncio.to_thread(signoff_here, deployment, "pending", "--page-size", "5", "--page", "4")
     assert shown(small) == expiring[15:20] and "3 more; --all or --page 5" in small
 
-    only = await asyncio.to_thread(signoff, deployment, "pending", "--tool", "post_reviewed")
+    only = await asyncio.to_thread(signoff_here, deployment, "pending", "--tool", "post_reviewed")
     assert shown(only) == reviewed and "more;" not in only
     # mallory may approve `count` (anyone may), not `post_reviewed`.
-    mallory = await asyncio.to_thread(signoff, deployment, "pending", "--approver", "mallory", "--all")
+    mallory = await asyncio.to_thread(signoff_here, deployment, "pending", "--approver", "mallory", "--all")
     assert shown(mallory) == counted
-    beyond = await asyncio.to_thread(signoff, deployment, "pending", "--page", "9")
+    beyond = await asyncio.to_thread(signoff_here, deployment, "pending", "--page", "9")
     assert shown(beyond) == [] and "no page 9: 23 pending, 20 a page" in beyond
 
 

@@ -1,4 +1,4 @@
-"""Classic queues (the setting `queue_type`, docs/performance.md "Queue types"):
+"""Classic queues (the setting `queue_type`, docs/benchmarks.md "Queue types"):
 the broker counts no deliveries there, so the consumer counts a message's failed
 deliveries itself and parks it at the delivery limit, as a quorum queue would."""
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import logging
 import socket
 from contextlib import asynccontextmanager
@@ -20,8 +22,9 @@ from services.model_step import anthropic_messages, openai_compatible
 from services.model_step.anthropic_messages import AnthropicProvider
 from services.model_step.handlers import request_model_step
 from services.model_step.openai_compatible import OpenAICompatibleProvider
-from services.model_step.providers import ScriptedProvider, build_provider, build_providers
+from services.model_step.providers import build_provider, build_providers
 from services.model_step.replies import ProviderError
+from services.model_step.scripted import ScriptedProvider
 from services.model_step.settings import ModelStepSettings
 from shared.consuming import previous_deliveries
 from shared.messages import (
@@ -278,16 +281,16 @@ def test_tool_arguments_that_are_not_a_json_object_are_a_retryable_failure_that_
 
 def test_build_provider_still_builds_the_scripted_provider_and_several_can_be_held_at_once():
     script = PROJECT_ROOT / "tests" / "fixtures" / "script.yaml"
-    assert isinstance(build_provider("scripted", script), ScriptedProvider)
+    assert isinstance(build_provider("scripted", ModelStepSettings(script_file=script)), ScriptedProvider)
     config = ModelStepSettings(provider="scripted", providers="openai, anthropic", script_file=script,
                                openai_model="m", anthropic_model="c", anthropic_api_key=KEY)
     providers = build_providers(config)
     assert sorted(providers) == ["anthropic", "openai", "scripted"]
     assert all(p.name == name for name, p in providers.items())
     with pytest.raises(SystemExit, match="SIGNOFF_OPENAI_MODEL"):
-        build_provider("openai", script, ModelStepSettings(openai_model=""))
+        build_provider("openai", ModelStepSettings(openai_model=""))
     with pytest.raises(SystemExit, match="known: scripted, openai, anthropic"):
-        build_provider("gpt", script)
+        build_provider("gpt", ModelStepSettings(script_file=script))
 
 
 async def test_a_session_naming_a_provider_that_is_not_held_fails_its_step_with_one_recorded_attempt():
@@ -353,6 +356,30 @@ async def test_a_renumbering_provider_still_gets_both_approvals_executed_once(de
                                      .order_by(ProviderAttemptRow.id))).all()
         assert [(a.status, a.provider) for a in attempts] == [("completed", "openai")] * 4
         assert [(a.input_tokens, a.output_tokens) for a in attempts] == [(u["input"], u["output"]) for u in fake.usages]
+
+
+async def test_a_session_may_name_openai_when_its_settings_are_set_though_the_default_provider_is_another(deployment):
+    with FakeOpenAI([FakeReply("Hello from the API model.")], api_key=KEY) as fake:
+        # SIGNOFF_PROVIDER left at its default (scripted): the openai settings alone make it held.
+        deployment.extra_env.update(
+            SIGNOFF_OPENAI_BASE_URL=fake.base_url, SIGNOFF_OPENAI_MODEL="fake-gpt", SIGNOFF_OPENAI_API_KEY=KEY
+        )
+        deployment.start()
+        session_id = mint("ses")
+        async with deployment.console() as console:
+            events = await console.watch(session_id)
+            await console.send(StartTurn(session_id=session_id, text="hello", provider="openai"))
+            ended = await next_event(events, "turn.completed", "turn.failed")
+    assert ended.type == "turn.completed", ended
+    assert ended.text == "Hello from the API model." and fake.statuses == [200]
+
+
+def test_the_cli_names_every_registered_provider_and_no_other():
+    from services.model_step.providers import PROVIDERS
+
+    shown = subprocess.run([sys.executable, "-m", "services.operations.cli", "session", "start", "--help"],
+                           capture_output=True, text=True, check=True, cwd=PROJECT_ROOT).stdout
+    assert f"({', '.join(PROVIDERS)})" in " ".join(shown.split())
 
 
 async def test_a_provider_that_keeps_failing_ends_the_turn_as_failed_with_every_attempt_counted(deployment):

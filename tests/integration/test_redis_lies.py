@@ -1,4 +1,4 @@
-"""Redis is never the truth, even when it lies (invariant 8; issue 19, hole 3).
+"""Redis is never the truth, even when it lies (invariant 8).
 
 Anyone who can write Redis is an attacker here. Marking a command as already
 handled, or holding a lease on a call, must never drop an approved call or

@@ -1,4 +1,4 @@
-"""The relay's poll as the outbox's history grows (issue 25): every outbox row is inserted
+"""The relay's poll as the outbox's history grows: every outbox row is inserted
 unsent and then marked sent, so with autovacuum behind the unsent indexes keep an entry
 for each row relayed since the last VACUUM. The poll starts at the first unsent row
 (`id >= min(id)` over the partial index of unsent ids, an index-only scan that marks the

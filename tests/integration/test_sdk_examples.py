@@ -16,7 +16,7 @@ from services.gateway import users
 from shared.ledger.tables import ApprovalRequest, AuditEntry, Decision, InboxRow
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
-from signoff import AsyncClient, Refused
+from signoff import AsyncClient, ProblemError
 from tests.gateway_client import PASSWORD
 from tests.harness import eventually, rows
 from tests.integration.test_gateway import add_people, committed_event_ids, url
@@ -90,15 +90,16 @@ async def test_the_example_app_waits_for_its_answer_while_the_example_bot_approv
     assert sink.counts["/refunds"] == 1
 
 
-async def test_the_sdk_raises_the_ledgers_refusal_and_a_retried_approval_with_its_key_decides_once(gateway, sink):
+async def test_the_sdk_raises_a_hidden_cards_not_found_and_a_retried_approval_with_its_key_decides_once(gateway, sink):
     base = url(gateway)
     async with AsyncClient(base, "sam", PASSWORD) as sam, AsyncClient(base, "mallory", PASSWORD) as mallory, \
             AsyncClient(base, "alice", PASSWORD) as alice:
         started = await sam.start_session("go", session_id=f"reviewed-{mint('ses')}")
         [card] = await eventually(lambda: sam.pending(session_id=started.session_id), 20)
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(ProblemError) as refused:
             await mallory.approve(card)
-        assert refused.value.reason_code == "not_an_approver" and refused.value.status == 403
+        # A card mallory may not approve is one she may not see: answered as a missing one.
+        assert refused.value.status == 404 and refused.value.kind == "not-found"
         first = await alice.approve(card, idempotency_key="sdk-once")
         again = await alice.approve(card, idempotency_key="sdk-once")
         assert first == again and first.decided and first.responder == "alice"

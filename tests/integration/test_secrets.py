@@ -67,7 +67,7 @@ def configure(deployment, tmp_path, sink, receiver, canary: str) -> None:
 
 
 def signoff(deployment, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
+    result = subprocess.run([sys.executable, "-m", "services.operations.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr

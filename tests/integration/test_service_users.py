@@ -1,5 +1,5 @@
 """`signoff up` run as root (as CI runs it): each service is its own system user,
-holding only its own key files and settings (issue 19, hole 4). The model-step
+holding only its own key files and settings. The model-step
 (on the agent's side) must not be able to read the CLI channel's key, the
 ledger's keys, or any other service's password or secret; and a session still
 goes through an approval end to end."""
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from services.service_users import Interpreter, user_of
+from services.operations.service_users import Interpreter, user_of
 from shared import keyring
 from shared.messages import mint
 from shared.settings import PROJECT_ROOT
@@ -64,7 +64,7 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
     deployment.extra_env.update(SINK_URL=sink.url, SINK_TOKEN=TOOL_SECRET, SIGNOFF_ANTHROPIC_API_KEY=PROVIDER_KEY)
     logs = deployment.data_dir / "up-logs"
     deployment.setup()  # the tests' people registered for the CLI's channel before the ledger reads channels.yaml
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+    up = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
@@ -103,14 +103,14 @@ async def test_signoff_up_as_root_runs_each_service_as_its_own_user_holding_only
         assert sink.counts["/sink"] == 1
     finally:
         up.send_signal(signal.SIGINT)
-        assert up.wait(30) == 0, output.text
+        assert output.exit_code() == 0, output.text
     assert "single-user development deployment" not in output.text
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an ordinary user")
 def test_signoff_up_as_an_ordinary_user_runs_one_user_and_says_it_is_a_single_user_development_deployment():
-    from services.service_users import single_user_warning
-    from services.supervisor import Supervisor
+    from services.operations.service_users import single_user_warning
+    from services.operations.supervisor import Supervisor
     from shared.settings import Settings
 
     read, write = os.pipe()
@@ -132,3 +132,49 @@ def test_signoff_up_as_an_ordinary_user_runs_one_user_and_says_it_is_a_single_us
     assert "Run `signoff up` as root" in warning
     assert Supervisor(Settings()).isolated, "as root, each service its own user"
     assert not Supervisor(Settings(single_user=True)).isolated, "unless told to be a single-user deployment"
+
+
+def parent_of(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def command_line(pid: int) -> list[str]:
+    return open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="`signoff up` drops privileges only when run as root (CI is root)")
+def test_signoff_up_as_root_restarts_a_killed_service_as_a_fork_of_a_warm_interpreter_of_its_own_user(
+    up_sqlite_deployment,
+):
+    deployment = up_sqlite_deployment
+    deployment.extra_env["SIGNOFF_METRICS_PORT"] = "0"
+    logs = deployment.data_dir / "up-logs"
+    deployment.setup()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)],
+        env=deployment.env(),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = Output(up)
+    try:
+        wait_until(lambda: all(ready_pids(logs, s) for s in SERVICES) or up.poll() is not None, 150, "all four ready")
+        assert up.poll() is None, output.text
+        for service in SERVICES:
+            [first] = ready_pids(logs, service)
+            server = parent_of(first)
+            os.kill(first, signal.SIGKILL)
+            wait_until(lambda s=service: len(ready_pids(logs, s)) == 2, 30, f"{service} restarted")
+            again = ready_pids(logs, service)[-1]
+            user = pwd.getpwnam(user_of(service)).pw_uid
+            # Not a new interpreter: a fork of the service's warm server, which runs as its user too
+            # and holds only its environment (no administrator's URL).
+            assert parent_of(again) == server != up.pid, f"{service} forked from its warm server"
+            assert "services.operations.warm_start" in command_line(server) and service in command_line(server)
+            assert uids(again) == uids(server) == {user}, f"{service} and its warm server run as {user_of(service)}"
+            assert "SIGNOFF_RABBITMQ_ADMIN_URL" not in environment(server)
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert output.exit_code() == 0, output.text

@@ -17,7 +17,7 @@ SECRET = "s3cret-in-the-url"
 
 
 def setup(deployment) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "setup"], env=deployment.env(), cwd=PROJECT_ROOT,
+    return subprocess.run([sys.executable, "-m", "services.operations.cli", "setup"], env=deployment.env(), cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -19,7 +19,7 @@ def status(deployment) -> subprocess.CompletedProcess:
         f"{service}=http://127.0.0.1:{port}" for service, port in deployment.metrics_ports.items()
     )
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", "status"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "services.operations.cli", "status"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
         timeout=60,
     )
 
@@ -89,7 +89,7 @@ def _all_ready(deployment) -> bool:
 async def status_now(deployment, capsys) -> tuple[int, str]:
     """`signoff status` at once, in this process: a new interpreter would take a second to
     start, long enough for the management API's sampled figures to catch up."""
-    from services.status import show_status
+    from services.operations.status import show_status
 
     capsys.readouterr()
     code = await show_status(deployment.settings)
@@ -98,7 +98,7 @@ async def status_now(deployment, capsys) -> tuple[int, str]:
 
 async def test_status_is_exact_the_moment_services_are_ready_a_message_is_parked_and_it_is_dropped(
         deployment, capsys):
-    from services.console import drop_dead_letters
+    from services.operations.parked import drop_dead_letters
 
     deployment.metrics_ports = {service: free_port() for service in SERVICES}
     deployment.extra_env["SINK_URL"] = "http://127.0.0.1:9"

@@ -69,7 +69,7 @@ async def test_every_log_line_is_json_naming_its_service_and_every_message_line_
 def test_a_service_that_cannot_start_says_why_in_a_json_line(sqlite_deployment):
     env = sqlite_deployment.env()
     env["SIGNOFF_RABBITMQ_URL"] = f"amqp://127.0.0.1:{closed_port()}/"
-    run = subprocess.run([sys.executable, "-m", "services.cli", "run", "model-step"], env=env, cwd=PROJECT_ROOT,
+    run = subprocess.run([sys.executable, "-m", "services.operations.cli", "run", "model-step"], env=env, cwd=PROJECT_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     records = [json.loads(line) for line in run.stderr.splitlines()]  # raises on any line that is not JSON

@@ -48,6 +48,7 @@ class Output:
     """A child's merged stdout and stderr, read as it comes."""
 
     def __init__(self, process):
+        self.process = process
         self.lines = []
         self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
         self._thread.start()
@@ -59,6 +60,16 @@ class Output:
     @property
     def text(self):
         return "".join(self.lines)
+
+    def exit_code(self, timeout: float = 30) -> int:
+        """The child's exit code once it ends; if it has not within `timeout`, it is killed
+        and the test fails with what it printed (which service did not stop, say)."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still running {timeout:.0f} s after it was told to stop:\n{self.text}") from None
 
 
 def port_free(port: int) -> bool:
@@ -86,7 +97,7 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
     deployment.extra_env["SIGNOFF_METRICS_PORT"] = str(base)
     logs = deployment.data_dir / "up-logs"
     deployment.setup()  # the tests' people registered for the CLI's channel before the ledger reads channels.yaml
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+    up = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
@@ -114,14 +125,16 @@ async def test_signoff_up_restarts_a_killed_ledger_at_once_and_the_waiting_respo
         await asyncio.to_thread(wait_until, lambda: readyz(f"http://127.0.0.1:{base}") == 200, 30, "the new ledger's /readyz")
     finally:
         up.send_signal(signal.SIGINT)
-        assert up.wait(30) == 0, output.text
+        assert output.exit_code() == 0, output.text
     assert all(gone(pid) for s in SERVICES for pid in ready_pids(logs, s)), "Ctrl-C left a service running"
 
 
-def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_service(up_sqlite_deployment):
+def test_make_run_drives_one_session_through_an_approval_and_sigterm_stops_every_service(up_sqlite_deployment):
+    # SIGTERM, what `docker stop` and a plain `kill` (of a run under nohup) send; Ctrl-C
+    # (SIGINT) stops it the same way (tests/integration/test_inbox_browser.py).
     # What `make run` runs, with its own tools and script (deploy/), on SQLite, the default.
     env = {k: v for k, v in up_sqlite_deployment.env().items() if k not in ("SIGNOFF_TOOLS_FILE", "SIGNOFF_SCRIPT_FILE")}
-    demo = subprocess.Popen([sys.executable, "-m", "services.cli", "demo"], env=env, cwd=PROJECT_ROOT,
+    demo = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "demo"], env=env, cwd=PROJECT_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(demo)
     try:
@@ -130,6 +143,8 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         assert demo.poll() is None, output.text
         text = output.text
         assert "approval needed: Publish a blog post" in text and "request:   apr_" in text
+        # The scripted model's post is titled after what the demo asked for.
+        assert "target:    blog post 'Release notes for version 1.2'" in text
         assert "tool ran once and closed as output" in text and "final answer: Done" in text
         published = tool_data_dir(up_sqlite_deployment.data_dir) / "published"
         assert list(published.glob("*.md")), "the approved post was written"
@@ -149,17 +164,17 @@ def test_make_run_drives_one_session_through_an_approval_and_ctrl_c_stops_every_
         wait_until(lambda: curl(f"{url}/v1/requests?status=pending&session_id={session_id}")["requests"], 30,
                    "the card on the gateway")
         [card] = curl(f"{url}/v1/requests?status=pending&session_id={session_id}")["requests"]
-        assert card["tool"] == "publish_post"
+        assert (card["tool"], card["arguments"]["title"]) == ("publish_post", "Notes for 1.3")
         verdict = curl(*changing, "-H", "Idempotency-Key: make-run", "-d", '{"decision": "approve"}',
                        f"{url}/v1/requests/{card['id']}/decision")
         assert (verdict["outcome"], verdict["responder"], verdict["decided"]) == ("accepted", name, True)
         wait_until(lambda: curl(f"{url}/v1/sessions/{session_id}")["status"] == "idle", 30, "the session's answer")
     finally:
-        demo.send_signal(signal.SIGINT)
-        assert demo.wait(30) == 0, output.text
+        demo.send_signal(signal.SIGTERM)
+        assert output.exit_code() == 0, output.text
     logs = up_sqlite_deployment.data_dir / "logs"
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
-    assert len(pids) == 4 and all(gone(pid) for pid in pids), "Ctrl-C left a service running"
+    assert len(pids) == 4 and all(gone(pid) for pid in pids), "SIGTERM left a service running"
 
 
 @__import__("pytest").mark.parametrize("single_user", [False, True], ids=["own-users", "single-user"])
@@ -170,7 +185,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_service_running(up_sqlite_de
         deployment.extra_env["SIGNOFF_SINGLE_USER"] = "true"
     logs = deployment.data_dir / "up-logs"
     deployment.setup()
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+    up = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
@@ -178,10 +193,33 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_service_running(up_sqlite_de
         assert up.poll() is None, output.text
     finally:
         up.kill()  # SIGKILL: no handler runs, nothing is stopped in order
-        up.wait(30)
+        output.exit_code()
     pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
     assert len(pids) == 4, output.text
     if not single_user:  # and the tool launcher it started as root, which starts python tools
         [launcher] = re.findall(r"tool-launcher ready .*\(pid (\d+)\)", (logs / "tool-launcher.log").read_text())
         pids.append(int(launcher))
     wait_until(lambda: all(gone(pid) for pid in pids), 30, "every service ending with its supervisor")
+
+
+def test_signoff_up_started_with_sigint_ignored_still_stops_its_services_on_sigint(up_sqlite_deployment):
+    """A shell without job control (a script's `signoff up &`, a CI runner) starts a background
+    command with SIGINT ignored, and Python keeps it ignored: `kill -INT` then did nothing, and
+    the supervisor and its services ran on after the tests that stopped them."""
+    deployment = up_sqlite_deployment
+    deployment.extra_env.update(SIGNOFF_METRICS_PORT="0", SIGNOFF_SINGLE_USER="true")
+    logs = deployment.data_dir / "up-logs"
+    deployment.setup()
+    up = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+                          cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    output = Output(up)
+    try:
+        wait_until(lambda: all(ready_pids(logs, s) for s in SERVICES) or up.poll() is not None, 120, "all four ready")
+        assert up.poll() is None, output.text
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = output.exit_code()
+    assert code == 0, output.text
+    pids = [pid for s in SERVICES for pid in ready_pids(logs, s)]
+    assert len(pids) == 4 and all(gone(pid) for pid in pids), "SIGINT left a service running"

@@ -1,5 +1,5 @@
 """Python tools run in a process of their own that holds only the secrets their own
-tool declares (docs/design.md, "Trust boundaries"; issue 19, hole 4).
+tool declares (docs/design.md, "Trust boundaries").
 
 A hostile python tool, run by a real executor, reaches from inside its run for
 everything the executor holds: its SIGNOFF_* settings, another tool's declared
@@ -93,7 +93,7 @@ async def test_a_hostile_python_tool_reaches_none_of_the_executors_secrets_nor_a
 
 
 # The interpreter `signoff up` hands a process that may not enter Python's own folders
-# (services/service_users.py `Interpreter`): paths to its own descriptors, never a secret.
+# (services/operations/service_users.py `Interpreter`): paths to its own descriptors, never a secret.
 HANDED = {"PYTHONHOME", "PYTHONPATH", "LD_LIBRARY_PATH"}
 
 
@@ -113,7 +113,7 @@ async def test_under_signoff_up_as_root_a_hostile_python_tool_runs_as_signoff_to
     (deployment.data_dir.parent / "script.yaml").chmod(0o644)
     logs = deployment.data_dir / "up-logs"
     deployment.setup()
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
+    up = subprocess.Popen([sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(logs)], env=deployment.env(),
                           cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(up)
     try:
@@ -130,7 +130,7 @@ async def test_under_signoff_up_as_root_a_hostile_python_tool_runs_as_signoff_to
             await next_event(events, "turn.completed", timeout=60)
     finally:
         up.send_signal(signal.SIGINT)
-        assert up.wait(30) == 0, output.text
+        assert output.exit_code() == 0, output.text
 
     calls = {call.tool: call.id for call in await rows(deployment, ToolCall, session_id=session_id)}
     closures = {c.call_id: c for c in await rows(deployment, Closure, session_id=session_id)}

@@ -196,15 +196,17 @@ async def test_on_postgresql_only_the_ledgers_role_can_write_a_decision_and_each
         "publisher": ["UPDATE outbox SET body = ''", "INSERT INTO decisions (request_id) VALUES ('apr_x')",
                       "DELETE FROM outbox"],
         "console": ["UPDATE approval_requests SET status = 'approved'", "DELETE FROM inbox"],
-        # It reads a step's transcript (claim-check) and nothing else.
-        "model-step": ["UPDATE transcript SET entry = '{}'", "SELECT count(*) FROM decisions",
+        # It reads a step's transcript and tool menu (claim-check) and nothing else.
+        "model-step": ["UPDATE transcript SET entry = '{}'", "UPDATE tool_menus SET descriptions = '[]'",
+                       "INSERT INTO tool_menus (digest, descriptions, created_at) VALUES ('d', '[]', now())",
+                       "SELECT count(*) FROM decisions",
                        "SELECT count(*) FROM outbox", "INSERT INTO decisions (request_id) VALUES ('apr_x')"],
     }
     allowed = {
         "tool-executor": ["SELECT count(*) FROM decisions", "UPDATE execution_claims SET attempts = attempts"],
         "publisher": ["UPDATE outbox SET sent_at = sent_at", "SELECT count(*) FROM hook_deliveries"],
         "console": ["SELECT count(*) FROM decisions"],
-        "model-step": ["SELECT count(*) FROM transcript"],
+        "model-step": ["SELECT count(*) FROM transcript", "SELECT count(*) FROM tool_menus"],
         "approval-ledger": ["UPDATE approval_requests SET status = status"],
     }
     for identity, statements in forbidden.items():

@@ -1,5 +1,5 @@
 """What a person sees of how a turn ended and of an escalation, through the command
-line, against running services on both stores (issue 20, items 3 and 4):
+line, against running services on both stores:
 
 - `signoff session show` and `signoff audit show` say how the session's last turn
   ended and why: a failure's code and text (a provider's error, the bound it
@@ -10,27 +10,22 @@ line, against running services on both stores (issue 20, items 3 and 4):
 
 import asyncio
 import re
-import subprocess
-import sys
 
 import httpx
 
 from shared.ledger.tables import ApprovalRequest, Turn
 from shared.messages import StartTurn, mint
-from shared.settings import PROJECT_ROOT
 from tests.fake_providers import FakeOpenAI, FakeReply
 from tests.harness import eventually, free_port, next_event, rows, start_and_wait_for_approval
+from tests.integration.test_command_line import signoff_here
 
 KEY = "sk-test-outcomes-0123456789"
 WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
 
 def signoff(deployment, *args: str) -> str:
-    """`signoff …` as a person runs it; it must succeed."""
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], env=deployment.env(), cwd=PROJECT_ROOT,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    """What `signoff …` shows a person (its main, in this process); it must succeed."""
+    return signoff_here(deployment, *args)
 
 
 def line_with(text: str, pattern: str) -> str:

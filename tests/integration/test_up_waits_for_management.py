@@ -61,7 +61,7 @@ class LateForwarder:
 
 def up(deployment) -> tuple[subprocess.Popen, Output]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--log-dir", str(deployment.data_dir / "up-logs")],
+        [sys.executable, "-m", "services.operations.cli", "up", "--log-dir", str(deployment.data_dir / "up-logs")],
         env=deployment.env(), cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return process, Output(process)
 
@@ -91,7 +91,7 @@ def test_signoff_up_waits_for_a_management_api_that_answers_late_and_then_runs_t
         assert "Traceback" not in output.text
     finally:
         process.send_signal(signal.SIGINT)
-        code = process.wait(30)
+        code = output.exit_code()
         late.close()
         del deployment.extra_env["SIGNOFF_RABBITMQ_ADMIN_URL"]  # the clean-up removes the users through the real one
     assert code == 0, output.text

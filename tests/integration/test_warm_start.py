@@ -1,4 +1,4 @@
-"""Warm starts (services/warm_start.py): services forked from a preloaded
+"""Warm starts (services/operations/warm_start.py): services forked from a preloaded
 interpreter behave as processes: they start, report how they ended, and a bad
 start request is answered without taking the others down."""
 

@@ -1,10 +1,9 @@
 """Several brokers in one AMQP URL (shared/amqp_hosts.py) and several PostgreSQL hosts
-in one database URL (shared/ledger/urls.py:several_hosts)."""
+in one database URL (shared/ledger_urls.py:several_hosts)."""
 
-from faststream.rabbit import RabbitBroker
 
+from shared.amqp_hosts import FailoverConnection, connection_class, split_hosts, with_hosts
 from shared.ledger.leadership import _where
-from shared.amqp_hosts import FailoverConnection, connection_class, failover_broker, split_hosts, with_hosts
 from shared.settings import Settings
 
 CLUSTER = "amqp://guest:pw@127.0.0.1:5681,127.0.0.1:5682,127.0.0.1:5683/vh?timeout=5"
@@ -43,15 +42,6 @@ def test_one_host_keeps_aio_pikas_own_robust_connection():
     from aio_pika import RobustConnection
 
     assert connection_class("amqp://u:p@h:1/") is RobustConnection
-
-
-def test_faststream_still_hands_its_connection_arguments_to_aio_pika():
-    # failover_broker relies on RabbitBroker._connect passing _connection_kwargs to connect_robust.
-    import inspect
-
-    broker = failover_broker(RabbitBroker(split_hosts(CLUSTER)[0]), CLUSTER)
-    assert issubclass(broker._connection_kwargs["connection_class"], FailoverConnection)
-    assert "connect_robust(**self._connection_kwargs)" in inspect.getsource(RabbitBroker._connect)
 
 
 def test_a_primary_and_its_standby_in_one_database_url_become_asyncpgs_host_list():

@@ -271,3 +271,13 @@ def test_a_tool_needing_more_approvals_than_it_has_approvers_is_refused_when_it_
 def test_a_misdeclared_approval_rule_is_refused(declared):
     with pytest.raises(ValidationError):
         approving(**declared)
+
+
+def test_a_card_shows_a_shown_env_value_resolved_with_credentials_hidden_and_other_variables_as_written():
+    http = {"kind": "http", "method": "POST", "url": "${env:BASE}/x/{id}?t=${env:TOKEN}"}
+    tool = {"name": "t", "label": "T", "implementation": http}
+    environ = {"BASE": "https://u:pw@example.test/api", "TOKEN": "tok-secret"}
+    shown = ToolCatalogue.model_validate({"tools": [tool], "shown_env": ["BASE"]}).showing(environ)
+    assert shown.tools[0].target_of({"id": "7"}) == "POST https://***redacted***@example.test/api/x/7?t=***redacted***"
+    plain = ToolCatalogue.model_validate({"tools": [tool]}).showing(environ)
+    assert plain.tools[0].target_of({"id": "7"}) == "POST ${env:BASE}/x/7?t=***redacted***"

@@ -1,4 +1,4 @@
-"""What a tool declares about the decisions of issue 23, checked when the catalogue
+"""What a tool declares about the decisions beyond approve and deny, checked when the catalogue
 loads: approval rules over the arguments (CEL), editable fields, and whether a tool
 may be remembered. A bad declaration stops the load, naming the tool. Pure."""
 
@@ -46,18 +46,18 @@ def refusal(**declared) -> str:
 def test_an_approval_rule_is_kept_apart_and_the_plain_approval_reads_always_until_the_ledger_evaluates_it():
     spec = tool(approval=[{"when": "args.amount < 10", "then": "never"}, {"then": "always"}])
     assert spec.approval == "always"
-    assert spec.approval_rule == [ApprovalCase(when="args.amount < 10", then="never"), ApprovalCase(then="always")]
+    assert spec.rules["approval"] == [ApprovalCase(when="args.amount < 10", then="never"), ApprovalCase(then="always")]
 
 
 def test_a_plain_approval_has_no_rule():
-    assert tool(approval="never").approval_rule is None
-    assert tool().approval_rule is None and tool().approvals_rule is None
+    assert tool(approval="never").rules == {}
+    assert tool().rules == {}
 
 
 def test_an_approvals_rule_is_kept_apart_and_the_plain_count_is_the_most_any_case_asks():
     spec = tool(approvals_required=[{"when": "args.amount > 10", "then": 2}, {"when": "true", "then": 3}, {"then": 1}])
     assert spec.approvals_required == 3
-    assert [case.then for case in spec.approvals_rule or []] == [2, 3, 1]
+    assert [case.then for case in spec.rules["approvals_required"]] == [2, 3, 1]
 
 
 def test_a_rule_given_directly_overrides_a_plain_value_that_disagrees_with_it():
@@ -65,9 +65,8 @@ def test_a_rule_given_directly_overrides_a_plain_value_that_disagrees_with_it():
         name="pay",
         label="Pay",
         approval="never",
-        approval_rule=[ApprovalCase(then="never")],
         approvals_required=1,
-        approvals_rule=[ApprovalsCase(then=4)],
+        rules={"approval": [ApprovalCase(then="never")], "approvals_required": [ApprovalsCase(then=4)]},
     )
     assert (spec.approval, spec.approvals_required) == ("always", 4)
 
@@ -196,7 +195,7 @@ def test_a_bad_rule_in_the_catalogue_file_stops_the_load_naming_the_tool(tmp_pat
         "tools:\n  - name: pay_invoice\n    label: Pay\n    approval:\n"
         "      - {when: 'args.amount >>', then: never}\n      - {then: always}\n"
     )
-    with pytest.raises(ValidationError, match="tool 'pay_invoice': case 1 of its approval rule"):
+    with pytest.raises(SystemExit, match="refused: tool 'pay_invoice': case 1 of its approval rule"):
         load_catalogue(path)
 
 
@@ -306,9 +305,9 @@ def test_compiling_a_rule_leaves_the_processes_recursion_limit_as_it_was():
     # to refuse JSON nested too deep to walk (tests/unit/test_redaction_rules.py).
     import sys
 
-    from shared import catalogue
+    from shared.rule_types import base
 
-    catalogue._cel.cache_clear()
+    base._cel.cache_clear()
     compiled_condition.cache_clear()
     before = sys.getrecursionlimit()
     compiled_condition("args.amount > 1")
@@ -325,7 +324,7 @@ def test_a_condition_nested_deeper_than_the_evaluator_can_go_is_refused_at_load(
 def test_a_rules_depth_counts_its_levels():
     from lark import Token, Tree
 
-    from shared.catalogue import _depth
+    from shared.rule_types.base import _depth
 
     assert _depth(Tree("a", [])) == 1
     assert _depth(Tree("a", [Token("IDENT", "x"), Tree("b", [Tree("c", [])]), Tree("d", [])])) == 3
@@ -334,3 +333,12 @@ def test_a_rules_depth_counts_its_levels():
 def test_a_qualified_function_call_is_refused():
     with pytest.raises(ValueError, match=r"names foo: "):
         compiled_condition(".foo(1) == 1")
+
+
+def test_every_registered_rule_type_names_a_field_of_a_tool_and_no_other_field_may_be_a_rule():
+    from shared.rule_types import RULE_TYPES
+
+    assert set(RULE_TYPES) <= set(ToolSpec.model_fields)
+    assert "a rule but approval, approvals_required: not expires_after_seconds" in refusal(
+        rules={"expires_after_seconds": [{"then": 60}]}
+    )

@@ -1,4 +1,4 @@
-"""docker-compose.yml checked offline (issue 19, hole 4): each service container mounts
+"""docker-compose.yml checked offline: each service container mounts
 only its own keys volume, read-only, shares no volume with another service, and its
 environment holds no password and no administrator's URL; the setup job alone holds
 every key and the administrators' URLs, and hands each service its own files."""
@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from services.warm_start import SERVICES
-from shared.keyring import HELD_BY
+from services.operations.warm_start import SERVICES
+from shared.keyring import CHANNEL_ADAPTERS, HELD_BY, adapter_files
 from shared.settings import PROJECT_ROOT
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
@@ -60,7 +60,8 @@ def test_the_setup_job_alone_holds_every_key_and_hands_each_service_exactly_its_
     setup = COMPOSE["services"]["setup"]
     assert ("signoff-keys", "/data", "rw") in mounts(setup)
     handed = {target: source for source, target, _ in mounts(setup) if target.startswith("/handout/")}
-    assert handed == {f"/handout/{name}": f"keys-{name}" for name in SERVICES}
+    adapters = [f"channel-{name}" for name in CHANNEL_ADAPTERS]
+    assert handed == {f"/handout/{name}": f"keys-{name}" for name in [*SERVICES, *adapters]}
     assert setup["command"] == ["setup", "--hand-out", "/handout"]
     assert set(HELD_BY) == set(SERVICES)
     # The administrators' URLs: here, and in no service.
@@ -87,8 +88,10 @@ def test_the_executor_starts_python_tools_through_a_root_launcher_that_holds_not
     volume, folder, _ = LAUNCHER_SOCKET
     assert socket.startswith(folder + "/")
     assert mounts(launcher) == [(volume, folder, "rw")], "the launcher mounts its socket's folder and no key"
-    assert [name for name, service in services.items() if volume in [s for s, _, _ in mounts(service)]] == \
-        ["tool-executor", "tool-launcher"], "no other container reaches the launcher"
+    assert [name for name, service in services.items() if volume in [s for s, _, _ in mounts(service)]] == [
+        "tool-executor",
+        "tool-launcher",
+    ], "no other container reaches the launcher"
     assert "environment" not in launcher and "env_file" not in launcher, "the launcher is told nothing"
     command = launcher["command"]
     assert command[0] == "tool-launcher"
@@ -103,3 +106,23 @@ def test_the_executor_starts_python_tools_through_a_root_launcher_that_holds_not
     # Everything else the executor depends on, as every service does.
     assert executor["depends_on"].items() >= services["approval-ledger"]["depends_on"].items()
     assert "user" not in executor, "the executor runs as the image's user"
+
+
+def test_each_channel_adapter_mounts_only_its_own_keys_and_its_own_record_and_is_told_no_password():
+    """`signoff channel run slack|email`: its channel's key and broker password, the console's
+    read-only role (the cards it catches up on), nothing of any service."""
+    for name in CHANNEL_ADAPTERS:
+        service = COMPOSE["services"][name]
+        assert service["command"] == ["channel", "run", name]
+        assert mounts(service)[:2] == [(f"keys-channel-{name}", "/keys", "ro"), (f"{name}-state", "/state", "rw")]
+        assert service["environment"]["SIGNOFF_KEYS_DIR"] == "/keys"
+        assert service["profiles"] == [name], "started only when asked for"
+        for variable, value in service["environment"].items():
+            # A token or password is passed through from the operator's shell, never written here.
+            if SECRET_NAMES.search(variable):
+                assert re.fullmatch(r"\$\{[A-Z_]+:-\}", str(value)), f"{name}'s {variable} is written down"
+        assert adapter_files(name) == (
+            f"channels/{name}.key",
+            f"rabbitmq/channel.{name}.password",
+            "postgres/console.password",
+        )

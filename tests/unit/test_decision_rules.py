@@ -1,4 +1,4 @@
-"""The decisions a person asks for beyond approve and deny (issue 23), as pure rules:
+"""The decisions a person asks for beyond approve and deny, as pure rules:
 conditional approval (`verdict`), edit before approve (`judge_edit`), approve and
 remember (`may_remember`, `grant_covering`). No services, no database."""
 

@@ -186,7 +186,8 @@ def test_every_text_a_card_shows_is_cut_to_its_screens_limit_and_a_missing_one_s
     }
     assert {key: shown[key] for key in expected} == expected
     assert all(len(text) < 1100 for text in (shown["tool_shown"], shown["description_shown"], shown["target_shown"]))
-    assert shown["warnings"] == []
+    # A look-alike host in an argument is warned of, as on every channel's card (`card_face`).
+    assert shown["warnings"] == host_warnings("https://exаmple.com")
     looks_alike = shown_card(card(target="https://exаmple.com/pay"), NOW)["warnings"]
     assert looks_alike == host_warnings("https://exаmple.com/pay") and len(looks_alike) == 1
     bare = shown_card({"id": "apr_2", "session_id": "s", "arguments": {}, "created_at": NOW, "approvers": ["ann"]},

@@ -18,14 +18,14 @@ import yaml
 from services.model_step.settings import ModelStepSettings
 from services.publisher.settings import PublisherSettings
 from services.gateway.settings import GatewaySettings
-from services.warm_start import SERVICES
+from services.operations.warm_start import SERVICES
 from shared.keyring import HELD_BY
 from shared.settings import PROJECT_ROOT
 
 K8S = PROJECT_ROOT / "deploy" / "k8s"
 # The oldest Kubernetes the manifests are checked against (still supported upstream).
 KUBERNETES_VERSION = "1.31.0"
-# The metrics endpoint's settings (issue 15, served on every service's metrics port).
+# The metrics endpoint's settings (served on every service's metrics port).
 METRICS_SETTINGS = {"metrics_host", "metrics_port"}
 # What each service holds in its keys folder (shared/keyring.py's table, Settings.*_password_file).
 KEYS = {service: set(files) for service, files in HELD_BY.items()}

@@ -1,4 +1,4 @@
-"""Approval that depends on the arguments (issue 23, section 4), through the ledger's
+"""Approval that depends on the arguments, through the ledger's
 handlers on the in-memory store: the tool's rule is evaluated when the call is
 proposed, its verdict (how many must approve, and why) is recorded with the request
 and tallied from the record, and a call the rule lets through runs with no card."""
@@ -134,7 +134,7 @@ async def test_a_rule_that_cannot_be_evaluated_for_the_call_asks_the_tools_most_
     assert rig.rows("approval_requests", id=requested["request_id"])[0]["status"] == "pending"
 
 
-# --- edit before approve (issue 23, section 2) -----------------------------------------------
+# --- edit before approve -----------------------------------------------
 
 
 async def test_an_edited_approval_runs_exactly_the_edited_arguments_sealed_for_them_and_the_model_is_told(rig):

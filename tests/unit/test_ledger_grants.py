@@ -1,4 +1,4 @@
-"""Approve and remember (issue 23, section 3), through the ledger's handlers on the
+"""Approve and remember, through the ledger's handlers on the
 in-memory store: an approval that asks to remember makes a sealed grant; later calls
 of its session that it covers run with no card, authorized by the grant; a revocation
 takes effect for every call decided after it; and a remember the ledger may not give

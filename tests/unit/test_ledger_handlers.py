@@ -189,10 +189,72 @@ async def test_a_turn_opens_its_session_appends_the_users_words_and_asks_for_a_m
     assert (turn["status"], turn["started_by"]) == ("running", "ann")
 
 
+async def test_a_model_step_names_the_catalogues_tool_menu_by_digest_stored_with_the_first_step_that_names_it(rig):
+    step_id = await rig.start()
+    requested = rig.last("step.requested")
+    assert (requested["tools_digest"], requested["tools"]) == (CATALOGUE.menu.digest, [])
+    [menu] = rig.rows("tool_menus")
+    assert (menu["digest"], menu["descriptions"]) == (CATALOGUE.menu.digest, CATALOGUE.menu.descriptions)
+    # Known stored now: the next step names it and writes nothing (a row gone behind the
+    # ledger's back is not written again by this process).
+    del rig.database.tables["tool_menus"][(CATALOGUE.menu.digest,)]
+    await rig.report(step_id, call("read_clock"))
+    [execute] = rig.events("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    assert len(rig.events("step.requested")) == 2 and rig.last("step.requested")["tools_digest"] == CATALOGUE.menu.digest
+    assert rig.rows("tool_menus") == []
+
+
+async def test_a_reloaded_catalogues_menu_is_stored_with_its_first_step_and_named_from_then_on(rig):
+    step_id = await rig.start()
+    reloaded = ToolCatalogue.model_validate(
+        {"tools": [{"name": "read_clock", "label": "Clock", "description": "What time it is, now.",
+                    "implementation": RUNS, "approval": "never", "effect": "read"}]}
+    )
+    # As the ledger's SIGHUP takes it (services/approval_ledger/main.py): between two transitions.
+    rig.ledger.catalogue = reloaded
+    await rig.report(step_id, call("read_clock"))
+    [execute] = rig.events("tool.execute")
+    rig.claim(execute)
+    await rig.executed(execute)
+    assert [e["tools_digest"] for e in rig.events("step.requested")] == [CATALOGUE.menu.digest, reloaded.menu.digest]
+    stored = {row["digest"]: row["descriptions"] for row in rig.rows("tool_menus")}
+    assert stored == {CATALOGUE.menu.digest: CATALOGUE.menu.descriptions,
+                      reloaded.menu.digest: reloaded.menu.descriptions}
+
+
 async def test_a_turn_on_a_busy_session_is_refused_as_session_busy(rig):
     await rig.start()
     await rig.start()
     assert rig.rejected() == ["session_busy"]
+    assert len(rig.rows("turns", session_id=rig.session_id)) == 1
+
+
+async def test_a_busy_refusal_names_the_turn_that_keeps_the_session_busy(rig):
+    await rig.start()
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    await handlers.start_turn(rig.ledger, StartTurn(session_id=rig.session_id, text="again", started_by="ann"))
+    assert turn["id"] in rig.last("message.rejected")["reason_text"]
+
+
+async def test_a_start_with_a_key_already_used_starts_nothing_and_is_answered_with_that_turn_even_after_it_ended(rig):
+    step_id = await rig.start("hello", idempotency_key="k-1")
+    await rig.report(step_id)  # no calls: the turn completes, the session is idle
+    [turn] = rig.rows("turns", session_id=rig.session_id)
+    assert (turn["status"], turn["idempotency_key"]) == ("completed", "k-1")
+    # Another message (a fresh message id: the inbox cannot tell) with the same key.
+    repeat = StartTurn(session_id=rig.session_id, text="hello", started_by="ann", idempotency_key="k-1")
+    await handlers.start_turn(rig.ledger, repeat)
+    assert len(rig.rows("turns", session_id=rig.session_id)) == 1
+    assert len(rig.events("step.requested")) == 1, "no model step for the repeat"
+    assert (rig.last("turn.repeated")["turn_id"], rig.last("turn.repeated")["causation_id"]) == (
+        turn["id"], repeat.message_id)
+    [entry] = [a for a in rig.rows("audit_log", session_id=rig.session_id) if a["kind"] == "turn.repeated"]
+    assert (entry["subject"], entry["message_id"]) == (turn["id"], repeat.message_id)
+    for other in ({"text": "something else", "started_by": "ann"}, {"text": "hello", "started_by": "bob"}):
+        await handlers.start_turn(rig.ledger, StartTurn(session_id=rig.session_id, idempotency_key="k-1", **other))
+    assert rig.rejected() == ["idempotency_key_reused", "idempotency_key_reused"]
     assert len(rig.rows("turns", session_id=rig.session_id)) == 1
 
 

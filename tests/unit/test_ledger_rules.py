@@ -158,8 +158,8 @@ def test_each_refused_response_says_why():
         "The approval names different arguments from the ones shown; refusing to run them.")
 
 
-@pytest.mark.parametrize("decision,status", [("approve", "approved"), ("deny", "denied")])
-def test_a_request_is_approved_by_an_approval_and_denied_by_a_denial(decision, status):
+@pytest.mark.parametrize("decision,status", [("approve", "approved"), ("deny", "denied"), ("respond", "answered")])
+def test_a_request_is_approved_by_an_approval_denied_by_a_denial_and_answered_by_an_answer(decision, status):
     assert domain.request_status_after(decision) == status
 
 
@@ -188,6 +188,34 @@ def test_the_model_is_told_who_changed_the_arguments_how_and_the_call_as_approve
     response = RespondToApproval(session_id="s1", request_id="apr_1", decision="approve", args_digest="d1",
                                  message="thanks", responder="alice")
     assert domain.note_of(response, edit="bob changed it") == Note("alice", "bob changed it\nthanks")
+
+
+def test_an_answer_in_the_tools_place_closes_the_call_as_answered_with_the_message_said_once_as_its_result():
+    answer = RespondToApproval(session_id="s1", request_id="apr_1", decision="respond", args_digest="d1",
+                               reason="ignored", message="done by hand", responder="ann")
+    assert domain.closure_of_decision(answer) == ClosureOnRecord(
+        "answered", reason_code="answered_by_person", reason_text="done by hand")
+    assert domain.closure_text("answered", None, "done by hand") == "done by hand"
+    assert domain.note_of(answer) is None  # not said twice: no note besides the result
+    denial = answer.model_copy(update={"decision": "deny"})
+    assert domain.closure_of_decision(denial) == domain.closure_of_denial("ignored")
+
+
+def test_an_answer_without_a_message_is_refused_as_input():
+    with pytest.raises(ValueError, match="message"):
+        RespondToApproval(session_id="s1", request_id="apr_1", decision="respond", args_digest="d1", message=" ")
+
+
+def test_an_answer_counts_as_a_denial_does_one_eligible_approver_closes_it_and_a_stranger_may_not():
+    policy = domain.ApprovalPolicy(approvers=frozenset({"ann", "bob"}), starter_may_approve=False,
+                                   approvals_required=2)
+    request = RequestOnRecord("apr_1", "s1", "pending", "d1", "call_1", starters=frozenset({"ann"}), approvals=1)
+    answer = RespondToApproval(session_id="s1", request_id="apr_1", decision="respond", args_digest="d1",
+                               message="no need", responder="ann")
+    assert domain.judge_approver(policy, request, answer) is None
+    assert domain.tally(policy, request, "respond").decides
+    stranger = answer.model_copy(update={"responder": "eve"})
+    assert domain.judge_approver(policy, request, stranger).reason_code == "not_an_approver"
 
 
 def test_a_denied_call_closes_as_denied_by_a_person_with_their_reason():
@@ -537,11 +565,23 @@ def test_only_a_tools_approvers_may_approve_it():
     assert who(domain.NOBODY, responder="ann") == "not_an_approver"
 
 
-def test_a_denial_stops_a_call_and_anyone_a_channel_vouches_for_may_deny_it_the_starter_and_a_token_included():
-    for policy in (APPROVERS, SEPARATED, FOUR_EYES, domain.NOBODY):
-        assert who(policy, decision="deny", responder="zed") is None
-        assert who(policy, decision="deny", responder="sam") is None
-        assert who(policy, decision="deny", responder="token:web", token=TOKEN) is None
+def test_only_those_who_may_approve_a_tool_may_deny_its_calls_and_a_stranger_may_not():
+    for policy in (APPROVERS, domain.NOBODY):
+        refused = domain.judge_approver(policy, pending(), answer(decision="deny", responder="zed"))
+        assert (refused.reason_code, refused.reason_text) == (
+            "not_an_approver", "'zed' is not among the approvers of 'pay'.")
+        assert who(policy, decision="deny", responder="token:web", token=TOKEN) == "not_an_approver"
+    assert who(APPROVERS, decision="deny", responder="ann") is None
+    assert who(APPROVERS, decision="deny", responder="token:chat", token=TOKEN) is None
+    # A token may deny only where it may approve: a tool that needs known people needs them to deny too.
+    assert who(SEPARATED, decision="deny", responder="token:web", token=TOKEN) == "anonymous_approval"
+    assert who(OPEN, decision="deny", responder="token:web", token=TOKEN) is None
+    assert who(OPEN, decision="deny", responder="zed") is None
+
+
+def test_separation_of_duties_and_the_count_bind_approvals_only_so_the_starter_and_an_approver_may_still_deny():
+    assert who(SEPARATED, decision="deny", responder="sam") is None
+    assert who(SEPARATED, pending(starters=frozenset()), decision="deny", responder="ann") is None
     assert who(FOUR_EYES, pending(approved_by_responder=True), decision="deny") is None
 
 
@@ -568,7 +608,7 @@ def test_a_token_names_no_person_so_it_approves_only_a_tool_that_needs_no_known_
     refused = domain.judge_approver(SEPARATED, pending(starters=frozenset({"sam"})),
                                     answer(responder="token:chat", token=TOKEN))
     assert (refused.reason_code, refused.reason_text) == (
-        "anonymous_approval", "A response token names no person; 'pay' needs approvals from known people.")
+        "anonymous_approval", "A response token names no person; 'pay' needs answers from known people.")
     assert who(FOUR_EYES, responder="token:chat", token=TOKEN) == "anonymous_approval"
 
 

@@ -48,7 +48,7 @@ def test_the_transition_modules_are_the_ones_expected():
     # A new module lands on one side of the boundary on purpose.
     assert TRANSITION_MODULES == [
         "__init__.py", "audit.py", "authority.py", "backlog.py", "decision_rules.py", "domain.py", "grants.py",
-        "group_commit.py", "handlers.py", "main.py", "records.py", "retention.py", "store.py", "store_memory.py",
+        "group_commit.py", "handlers.py", "intake.py", "intake_rules.py", "main.py", "records.py", "retention.py", "store.py", "store_memory.py",
     ]
 
 
@@ -71,7 +71,7 @@ def test_no_database_detail_outside_the_database_adapters(module):
 
 
 # What a transition hands to the store (store.py); records.py's typed writes make them.
-COLLECTING = {"add", "update", "emit", "audit", "withdraw_request", "restart_count"}
+COLLECTING = {"add", "update", "emit", "audit", "withdraw_request", "restart_count", "keep_tool_menu"}
 # None left: edit before approve writes through `records.arguments_edited` too.
 WRITES_LEFT_IN: set[str] = set()
 
@@ -108,8 +108,12 @@ def test_handlers_write_only_through_records_typed_writes():
 
 ROOT = LEDGER.parents[1]
 # Where a database detail may live: shared/ledger/ (schema, engine, migrations, driver, and
-# one module per crossing or per sweep) and the ledger's two database adapters.
-DATABASE_PLACES = ("shared/ledger/",) + tuple(f"services/approval_ledger/{name}" for name in DATABASE_ADAPTERS)
+# one module per crossing or per sweep), the ledger's URL and logins beneath the settings
+# (shared/ledger_urls.py: the settings import it, so it cannot sit in shared/ledger/, whose
+# modules import the settings) and the ledger's two database adapters.
+DATABASE_PLACES = ("shared/ledger/", "shared/ledger_urls.py") + tuple(
+    f"services/approval_ledger/{name}" for name in DATABASE_ADAPTERS
+)
 
 
 def database_detail(source: str) -> list[str]:

@@ -18,8 +18,8 @@ import unicodedata
 import pyte
 import pytest
 
-from services.console import card_lines, print_card, question
-from services.status import QueueState, Replica, Status, render
+from services.operations.cards import card_lines, print_card, question
+from services.operations.status import QueueState, Replica, Status, render
 from shared.dead_letters import describe
 from shared.on_screen import host_warnings, punycode, visible
 from shared.redaction import redact_text

@@ -16,6 +16,8 @@ from shared.messages import ModelStepCompleted, ProviderAttempt
 
 PARSERS = {"openai": openai_compatible.parse_reply, "anthropic": anthropic_messages.parse_reply}
 both = pytest.mark.parametrize("kind", list(PARSERS))
+# A multiple of the profile's examples: 300 and 200 in full, a quarter under `make test` (tests/conftest.py).
+EXAMPLES = settings.default.max_examples
 
 
 def parse(kind, answer):
@@ -246,19 +248,19 @@ def check_any_outcome(kind, answer):
     assert ModelStepCompleted.model_validate_json(report.model_dump_json()) == report
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answer=openai_replies)
 def test_any_openai_shaped_reply_is_a_reply_or_a_provider_error(answer):
     check_any_outcome("openai", answer)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answer=anthropic_replies)
 def test_any_anthropic_shaped_reply_is_a_reply_or_a_provider_error(answer):
     check_any_outcome("anthropic", answer)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=2 * EXAMPLES, deadline=None)
 @given(answer=json_values, kind=st.sampled_from(list(PARSERS)))
 def test_any_json_value_at_all_is_a_reply_or_a_provider_error(answer, kind):
     check_any_outcome(kind, answer)

@@ -1,4 +1,4 @@
-"""Redaction rules that mutation testing showed no test stated (issue 20, item 8): which
+"""Redaction rules that mutation testing showed no test stated: which
 remembered values are scrubbed, where a URL's query and fragment begin, and how a parked
 body that is not plain JSON, or is too deep, or nests objects, is kept. Pure."""
 

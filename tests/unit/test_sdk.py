@@ -15,8 +15,12 @@ import pytest
 from shared.settings import PROJECT_ROOT
 from signoff import Client, Refused
 from signoff.client import EventParser
-from signoff.models import SCHEMAS, ProblemDocument
+from signoff.models import SCHEMAS as CLIENT_SCHEMAS
+from signoff.models import ProblemDocument
+from signoff_sdk.models import SCHEMAS as INTAKE_SCHEMAS
 
+# The full client's models (signoff/) and the slim SDK's for the intake (sdk/signoff_sdk/).
+SCHEMAS = {**CLIENT_SCHEMAS, **INTAKE_SCHEMAS}
 DOCUMENT = json.loads((PROJECT_ROOT / "docs" / "openapi.json").read_text())
 IGNORED = {"title", "description", "default", "examples"}
 

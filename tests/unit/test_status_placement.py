@@ -3,7 +3,7 @@ each asked alone (a standby too), and what the broker or a server says shown ine
 
 from collections import Counter
 
-from services.status import Placement, database_servers, render_placement
+from services.operations.status import Placement, database_servers, render_placement
 from shared.settings import Settings
 
 

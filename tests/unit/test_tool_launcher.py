@@ -1,4 +1,4 @@
-"""The tool launcher (services/tool_launcher.py, shared/tool_launch.py): a root process
+"""The tool launcher (services/operations/tool_launcher.py, shared/tool_launch.py): a root process
 that starts python tools as `signoff-tools` for an executor that is not root. It serves
 only the executor's uid, accepts nothing but a valid launch request with three pipe
 ends, and kills the tool's whole process group when the executor lets go (a timeout:
@@ -34,12 +34,13 @@ class Launcher:
         self.tools_dir = base / "tools"
         self.fork_server = fork_server
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.tool_launcher", "--socket", str(self.socket), "--client", str(client),
+            [sys.executable, "-m", "services.operations.tool_launcher", "--socket", str(self.socket), "--client", str(client),
              "--tools-dir", str(self.tools_dir)],
             cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "SIGNOFF_TOOL_FORK_SERVER": "true" if fork_server else "false"})
         said = self.process.stdout.readline()
-        assert said.startswith("tool-launcher ready"), said + self.process.stdout.read()
+        # One JSON object a line, as every service logs to a file or a pipe.
+        assert json.loads(said)["message"].startswith("tool-launcher ready"), said + self.process.stdout.read()
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

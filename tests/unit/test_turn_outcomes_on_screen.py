@@ -1,9 +1,9 @@
-"""How the command line tells a turn's end and a request's escalation (issue 20, items
+"""How the command line tells a turn's end and a request's escalation (items
 3 and 4): pure rendering, every outside word redacted and shown by `visible`."""
 
 from datetime import UTC, datetime, timedelta, timezone
 
-from services.console import card_lines, ended_story, escalation_line, turn_outcome
+from services.operations.cards import card_lines, ended_story, escalation_line, turn_outcome
 from shared.audit import digest_of, story
 from shared.ledger.tables import Turn
 

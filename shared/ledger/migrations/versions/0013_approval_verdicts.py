@@ -1,5 +1,5 @@
 """approval that depends on the arguments: each request records what its tool's rule
-decided when it was made, how many people must approve it and why (issue 23, section 4)
+decided when it was made, how many people must approve it and why
 
 Revision ID: 0013
 Revises: 0012

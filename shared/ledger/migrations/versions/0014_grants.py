@@ -1,6 +1,6 @@
 """approve and remember: a person's approval may be remembered as a grant, a row that
 authorizes later matching calls of its session with no card until it expires or is
-revoked; a call so authorized names its grant (issue 23, section 3)
+revoked; a call so authorized names its grant
 
 Revision ID: 0014
 Revises: 0013

@@ -1,4 +1,4 @@
-"""costs that stay flat as the backlog grows (issue 25): partial indexes on the pending
+"""costs that stay flat as the backlog grows: partial indexes on the pending
 requests for the sweeps, the per-session reads and the gauge, each request's tool kept
 with it, the pending count kept by triggers in `pending_tally`, and the time indexes
 retention deletes by

@@ -1,4 +1,4 @@
-"""the relay's poll starts at the first unsent row (issue 25): a partial index of the
+"""the relay's poll starts at the first unsent row: a partial index of the
 unsent outbox rows by id, which the poll's `id >= min(id)` bound reads (an index-only
 scan, which marks the entries of rows already sent dead as it passes them)
 
