@@ -93,8 +93,12 @@ def dies(arguments: dict[str, Any], context: Any) -> None:
 
 
 def hangs_with_a_child(arguments: dict[str, Any], context: Any) -> None:
-    """Starts a process of its own, notes its pid, then never returns."""
+    """Starts a process of its own, notes its pid, then never returns (or, asked only to warm up,
+    returns at once, so a warm process is ready before the call that hangs)."""
     import subprocess
+
+    if arguments.get("only_warm_up"):
+        return None
 
     child = subprocess.Popen(["sleep", "30"])
     (context.data_dir / "grandchild.pid").write_text(str(child.pid))
