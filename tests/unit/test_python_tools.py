@@ -72,9 +72,9 @@ async def test_an_async_tool_runs_on_the_loop_and_is_awaited(tmp_path):
 async def test_a_call_past_its_timeout_ends_outward_as_outcome_unknown_and_otherwise_as_an_error(
         tmp_path, effect, outcome, function):
     started = time.monotonic()
-    result = await run_tool(spec(function, effect, timeout=0.2), {"seconds": 2, "counter": "t"}, context(tmp_path),
+    result = await run_tool(spec(function, effect, timeout=0.2), {"seconds": 20, "counter": "t"}, context(tmp_path),
                             None)
-    assert time.monotonic() - started < 1.5, "the call ended at its timeout, not when the tool did"
+    assert time.monotonic() - started < 10, "the call ended when the tool did, not at its timeout"
     assert result.outcome == outcome and "did not finish within 0.2 s" in result.error
 
 
@@ -140,8 +140,9 @@ def gone(pid: int) -> bool:
 
 
 async def test_a_tool_past_its_timeout_is_killed_with_the_processes_it_started(tmp_path):
-    result = await run_tool(isolated("hangs_with_a_child", timeout=1.5), {}, context(tmp_path), None)
-    assert result.outcome == "error" and "did not finish within 1.5 s" in result.error
+    # 5 s, so a loaded machine's fork and imports cannot use up the timeout before the child starts.
+    result = await run_tool(isolated("hangs_with_a_child", timeout=5), {}, context(tmp_path), None)
+    assert result.outcome == "error" and "did not finish within 5 s" in result.error
     grandchild = int((tmp_path / "grandchild.pid").read_text())
     deadline = time.monotonic() + 5
     while not gone(grandchild) and time.monotonic() < deadline:
