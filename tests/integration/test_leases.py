@@ -13,15 +13,15 @@ async def test_a_held_lease_keeps_a_second_executor_off_until_released_or_lapsed
     require_services(postgres=False)
     namespace = "t" + uuid.uuid4().hex[:12]
     async with Redis.from_url(REDIS_URL) as redis:
-        first = Leases(redis, namespace, "executor-1", seconds=0.3)
-        second = Leases(redis, namespace, "executor-2", seconds=0.3)
+        first = Leases(redis, namespace, "executor-1", seconds=2)
+        second = Leases(redis, namespace, "executor-2", seconds=2)
         assert await first.acquire("call_1")
         assert not await second.acquire("call_1")
         await second.release("call_1")  # not its lease: nothing happens
         assert not await second.acquire("call_1")
         await first.release("call_1")
         assert await second.acquire("call_1")
-        await asyncio.sleep(0.5)  # the holder "died": its lease lapses
+        await asyncio.sleep(2.5)  # the holder "died": its lease lapses
         assert await first.acquire("call_1")
         await redis.delete(f"{namespace}:lease:call_1")
 
